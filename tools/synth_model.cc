@@ -1,0 +1,121 @@
+// ringlane-synth-model: writes a synthetic Llama-shaped checkpoint (Hugging
+// Face layout: config.json + safetensors) of any size, for tests and
+// benchmarks. Flags given on the command line override the preset's values.
+//
+//   ringlane-synth-model --preset=1b1 --out=/tmp/synth-1b1-fp8
+//   ringlane-synth-model --out=/tmp/tiny-bf16 --dtype=bf16 --layers=4 --shards=2
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "services/flags_util.h"
+#include "services/progress.h"
+#include "worker/dtype.h"
+#include "worker/model/synthetic.h"
+
+ABSL_FLAG(std::string, out, "", "output directory (required)");
+ABSL_FLAG(std::string, preset, "tiny",
+          "base shape: tiny (hidden 64, 2 layers, f32) or 1b1 (TinyLlama 1.1B shape, fp8)");
+ABSL_FLAG(int, hidden, 64, "model dimension (hidden_size)");
+ABSL_FLAG(int, intermediate, 172, "MLP dimension (intermediate_size)");
+ABSL_FLAG(int, layers, 2, "number of layers");
+ABSL_FLAG(int, heads, 8, "query heads");
+ABSL_FLAG(int, kv_heads, 4, "key/value heads; must divide --heads");
+ABSL_FLAG(int, head_dim, 0, "head dimension; 0 = hidden / heads");
+ABSL_FLAG(int, vocab, 512, "vocabulary size");
+ABSL_FLAG(int, max_position, 512, "max_position_embeddings");
+ABSL_FLAG(double, rope_theta, 10000.0, "RoPE base");
+ABSL_FLAG(std::string, dtype, "f32", "weight dtype: f32, bf16, f16 or fp8 (E4M3, 128x128 blocks)");
+ABSL_FLAG(uint64_t, seed, 1, "weights are a function of the seed alone, whatever the dtype");
+ABSL_FLAG(int, shards, 1, "number of safetensors files (> 1 adds model.safetensors.index.json)");
+ABSL_FLAG(bool, tie_embeddings, false, "share the embedding with the output layer");
+
+namespace {
+
+namespace rw = ringlane::worker;
+using ringlane::services::ExitWithUsageError;
+
+template <typename T>
+bool Given(const absl::Flag<T>& flag) {
+  return absl::GetFlagReflectionHandle(flag).IsSpecifiedOnCommandLine();
+}
+
+void RequirePositive(const char* name, int v) {
+  if (v <= 0) ExitWithUsageError(absl::StrCat("--", name, " must be positive, got ", v));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Writes a synthetic Llama-shaped model directory.\n"
+      "  ringlane-synth-model --preset=1b1 --out=/tmp/synth-1b1-fp8");
+  absl::ParseCommandLine(argc, argv);
+
+  absl::StatusOr<rw::SyntheticModelOptions> preset =
+      rw::SyntheticPreset(absl::GetFlag(FLAGS_preset));
+  if (!preset.ok()) ExitWithUsageError(absl::StrCat("--preset: ", preset.status().message()));
+  rw::SyntheticModelOptions o = *preset;
+
+  o.out_dir = absl::GetFlag(FLAGS_out);
+  if (o.out_dir.empty()) ExitWithUsageError("--out is required");
+  // Only flags given explicitly replace the preset's values.
+  auto take_int = [](const absl::Flag<int>& flag, const char* name, int* field) {
+    if (!Given(flag)) return;
+    *field = absl::GetFlag(flag);
+    RequirePositive(name, *field);
+  };
+  take_int(FLAGS_hidden, "hidden", &o.hidden);
+  take_int(FLAGS_intermediate, "intermediate", &o.intermediate);
+  take_int(FLAGS_layers, "layers", &o.layers);
+  take_int(FLAGS_heads, "heads", &o.heads);
+  take_int(FLAGS_kv_heads, "kv_heads", &o.kv_heads);
+  take_int(FLAGS_vocab, "vocab", &o.vocab);
+  take_int(FLAGS_max_position, "max_position", &o.max_position);
+  take_int(FLAGS_shards, "shards", &o.shards);
+  if (Given(FLAGS_head_dim)) {
+    o.head_dim = absl::GetFlag(FLAGS_head_dim);
+    if (o.head_dim < 0 || o.head_dim % 2 != 0) {
+      ExitWithUsageError(
+          absl::StrCat("--head_dim must be 0 or a positive even number, got ", o.head_dim));
+    }
+  }
+  if (Given(FLAGS_rope_theta)) {
+    double theta = absl::GetFlag(FLAGS_rope_theta);
+    if (!(theta > 0)) ExitWithUsageError(absl::StrCat("--rope_theta must be positive"));
+    o.rope_theta = static_cast<float>(theta);
+  }
+  if (Given(FLAGS_dtype)) {
+    absl::StatusOr<rw::DType> d = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_dtype));
+    if (!d.ok()) ExitWithUsageError(absl::StrCat("--dtype: ", d.status().message()));
+    o.dtype = *d;
+  }
+  if (Given(FLAGS_seed)) o.seed = absl::GetFlag(FLAGS_seed);
+  if (Given(FLAGS_tie_embeddings)) o.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
+  if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0) {
+    ExitWithUsageError(absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (",
+                                    o.heads, ")"));
+  }
+  if (o.head_dim == 0 && o.hidden % o.heads != 0) {
+    ExitWithUsageError(absl::StrCat("--heads (", o.heads, ") must divide --hidden (", o.hidden,
+                                    ") unless --head_dim is given"));
+  }
+
+  constexpr int64_t kSteps = 1000;
+  ringlane::services::ProgressOptions popts;
+  popts.unit = ringlane::services::ProgressUnit::kCount;
+  ringlane::services::ProgressBar bar(
+      absl::StrCat("writing ", o.out_dir, " (", std::string(rw::DTypeName(o.dtype)), ")"), kSteps, popts);
+  absl::Status s = rw::WriteSyntheticModel(
+      o, [&](double fraction) { bar.Update(static_cast<int64_t>(fraction * kSteps)); });
+  if (!s.ok()) {
+    std::fprintf(stderr, "\nringlane-synth-model: error: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  bar.Finish();
+  std::printf("%s\n", o.out_dir.c_str());
+  return 0;
+}

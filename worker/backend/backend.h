@@ -1,0 +1,63 @@
+// The compute backend of a worker rank: it owns the KV pool's memory and runs
+// rounds over the model. The CPU backend is always built; a CUDA backend comes
+// where the toolkit is present. Like leveldb's Env, each call documents its
+// failures; none throws.
+//
+// A backend is driven by one step thread; its methods are not thread-safe.
+#ifndef RINGLANE_WORKER_BACKEND_BACKEND_H_
+#define RINGLANE_WORKER_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/kv_cache.h"
+#include "worker/model/model.h"
+#include "worker/round.h"
+
+namespace ringlane::worker {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  // (Re)allocates the KV pool; previous contents are gone. InvalidArgument for
+  // a bad spec, ResourceExhausted when memory runs out.
+  virtual absl::Status AllocateKvPool(const KvPoolSpec& spec) = 0;
+  virtual const KvPoolSpec& kv_pool() const = 0;
+
+  // Runs one forward pass over the round: writes every new token's K/V into
+  // its slot and returns the logits asked for. InvalidArgument (and nothing
+  // written) when a token, position or block id is out of range, the blocks do
+  // not cover the positions, or two sequences would write the same slot;
+  // FailedPrecondition before AllocateKvPool.
+  virtual absl::StatusOr<RoundOutput> Step(const RoundInput& round) = 0;
+
+  // Copies one KV block out of / into the pool (for offload and prefix reuse
+  // across ranks). InvalidArgument for a bad id or a payload of the wrong size.
+  virtual int64_t kv_block_bytes() const = 0;
+  virtual absl::Status ExportKvBlock(int32_t block, std::vector<uint8_t>* out) const = 0;
+  virtual absl::Status ImportKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
+};
+
+struct CpuBackendOptions {
+  int threads = 1;
+  // Use the portable scalar kernels even where AVX2 is available (tests).
+  bool force_scalar = false;
+  // How long idle pool threads spin before blocking.
+  int spin_us = 50;
+};
+
+std::unique_ptr<Backend> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
+                                          const CpuBackendOptions& options);
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_BACKEND_BACKEND_H_

@@ -1,0 +1,117 @@
+#include "worker/backend/cpu/kernels.h"
+
+#include "worker/backend/cpu/attention_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace ringlane::worker::cpu {
+
+Isa DetectIsa() {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return Isa::kAvx2;
+  }
+#endif
+  return Isa::kScalar;
+}
+
+const char* IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
+
+namespace internal {
+
+float Hsum8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+}  // namespace internal
+
+namespace {
+
+// w'[r][c] for the scalar path: the exact float of the stored value times the
+// block scale (FP8 only), rounded once, as the vector paths compute it.
+inline float WeightAt(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
+  float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  if (w.dtype == DType::kFP8E4M3) v = v * w.ScaleAt(r, c);
+  return v;
+}
+
+}  // namespace
+
+namespace internal {
+
+void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                       int64_t n0, int64_t n1) {
+  const int64_t K = w.cols;
+  const int64_t K8 = K & ~int64_t{7};
+  std::vector<float> wrow(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.Row(n);
+    for (int64_t k = 0; k < K; ++k) wrow[k] = WeightAt(w, row, n, k);
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx;
+      float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t k = 0; k < K8; k += 8) {
+        for (int l = 0; l < 8; ++l) a[l] = std::fma(wrow[k + l], xm[k + l], a[l]);
+      }
+      for (int64_t k = K8; k < K; ++k) a[k - K8] = std::fma(wrow[k], xm[k], a[k - K8]);
+      y[m * ldy + n] = Hsum8(a);
+    }
+  }
+}
+
+}  // namespace internal
+
+void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa, int force_path) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2) {
+    bool panel = force_path == 0 ? M > kPanelMinRows : force_path == 2;
+    internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1, panel);
+    return;
+  }
+#endif
+  internal::MatMulRangeScalar(w, x, ldx, M, y, ldy, n0, n1);
+}
+
+void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+            ThreadPool* pool, Isa isa) {
+  if (M <= 0) return;
+  const int64_t N = w.rows;
+  // Blocks of output rows: small enough to balance two threads, large enough
+  // to amortize the panel; a multiple of 4 to fill the kernels' row tiles.
+  int64_t block = M > kPanelMinRows ? 16 : 32;
+  int64_t tasks = (N + block - 1) / block;
+  if (pool == nullptr || pool->num_threads() == 1 || tasks == 1) {
+    MatMulRange(w, x, ldx, M, y, ldy, 0, N, isa);
+    return;
+  }
+  pool->ParallelFor(tasks, [&](int64_t t, int) {
+    int64_t n0 = t * block;
+    MatMulRange(w, x, ldx, M, y, ldy, n0, std::min(N, n0 + block), isa);
+  });
+}
+
+void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2) {
+    internal::DequantRowAvx2(w, r, out);
+    return;
+  }
+#endif
+  const uint8_t* row = w.Row(r);
+  for (int64_t c = 0; c < w.cols; ++c) out[c] = WeightAt(w, row, r, c);
+}
+
+void AttendHead(const AttendArgs& args, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2) {
+    internal::AttendHeadAvx2(args);
+    return;
+  }
+#endif
+  internal::AttendHeadImpl(args);
+}
+
+}  // namespace ringlane::worker::cpu

@@ -1,0 +1,81 @@
+// CPU kernels of the forward pass.
+//
+// The one rule every kernel here keeps is a fixed reduction order per output
+// element, whatever the number of rows in the round or the path taken:
+//
+//   y[m][n] = hsum(a), where a is 8 float lanes; lane l accumulates, with
+//   fused multiply-adds in increasing k, w'[n][k] * x[m][k] for every k with
+//   k % 8 == l and k < K8 = K & ~7; then the tail k in [K8, K) adds into lane
+//   k - K8; hsum(a) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
+//
+// w' is the stored weight converted to float; for FP8 it is multiplied by its
+// 128x128 block scale right at conversion, for every element, in every kernel.
+// The AVX2 paths (in registers for a few rows, through a float panel for many)
+// and the scalar fallback all follow this definition, so they agree bit for
+// bit; that is what keeps a lane's output independent of its round-mates.
+//
+// Thread-safe: kernels only read the weights and write their own outputs.
+#ifndef RINGLANE_WORKER_BACKEND_CPU_KERNELS_H_
+#define RINGLANE_WORKER_BACKEND_CPU_KERNELS_H_
+
+#include <cstdint>
+
+#include "worker/model/model.h"
+#include "worker/thread_pool.h"
+
+namespace ringlane::worker::cpu {
+
+enum class Isa { kScalar, kAvx2 };
+
+// The best instruction set this CPU and build support.
+Isa DetectIsa();
+const char* IsaName(Isa isa);
+
+// Rows at or below this count use the in-register kernels; above it the weights
+// are dequantized once per block of rows into a panel that stays in cache.
+inline constexpr int kPanelMinRows = 8;
+
+// y[m * ldy + n] = dot(w'[n], x[m * ldx .. + K]) for m < M, n < w.rows, K = w.cols.
+// Work is split over blocks of output rows, so the split never changes a sum.
+void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+            ThreadPool* pool, Isa isa);
+
+// As MatMul for output rows [n0, n1) only, on the calling thread. `force_path`:
+// 0 chooses by M, 1 forces the in-register kernels, 2 the panel kernels (tests).
+void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa, int force_path = 0);
+
+// Converts columns [0, w.cols) of row r to float (block scale applied), the
+// same values every matmul path multiplies with.
+void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
+
+// Causal attention of query rows of one head against its K and V, already
+// converted to float, rows of `ldkv` floats for context positions 0, 1, ...
+struct AttendArgs {
+  const float* q;            // [rows][ldq]
+  int64_t ldq;
+  int rows;
+  const int64_t* positions;  // per row: the row's own position; it sees [0, position]
+  const float* k;            // [positions[rows-1] + 1][ldkv]
+  const float* v;
+  int64_t ldkv;
+  int head_dim;
+  float* scores;             // scratch, at least max position + 1 floats
+  float* out;                // [rows][ldo]
+  int64_t ldo;
+};
+void AttendHead(const AttendArgs& args, Isa isa);
+
+namespace internal {
+void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                       int64_t n0, int64_t n1);
+void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1, bool use_panel);
+void DequantRowAvx2(const Matrix& w, int64_t r, float* out);
+float Hsum8(const float* a);
+void AttendHeadAvx2(const AttendArgs& args);
+}  // namespace internal
+
+}  // namespace ringlane::worker::cpu
+
+#endif  // RINGLANE_WORKER_BACKEND_CPU_KERNELS_H_

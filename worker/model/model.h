@@ -1,0 +1,138 @@
+// The model a worker serves: its architecture (ModelConfig) and views of its
+// weights in their stored dtype (ModelWeights). Weights are read from
+// memory-mapped files and never expanded whole; only the small norm vectors are
+// copied to float. Immutable after loading, so any thread may read it.
+#ifndef RINGLANE_WORKER_MODEL_MODEL_H_
+#define RINGLANE_WORKER_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/dtype.h"
+
+namespace ringlane::worker {
+
+// How RoPE pairs the dimensions of a head: Hugging Face's rotate-half pairs
+// (i, i + d/2); llama2.c and Meta's original checkpoints pair (2i, 2i + 1).
+enum class RopeLayout { kHalf, kInterleaved };
+
+struct RopeScaling {
+  // "" (none), "linear" or "llama3".
+  std::string type;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string model_type = "llama";
+  int hidden = 0;        // model dimension
+  int intermediate = 0;  // MLP hidden dimension
+  int layers = 0;
+  int heads = 0;     // query heads
+  int kv_heads = 0;  // key/value heads (GQA: heads % kv_heads == 0)
+  int head_dim = 0;
+  // True when the checkpoint states head_dim itself; then hidden need not equal
+  // heads * head_dim (otherwise it must, as the head size is derived from it).
+  bool head_dim_explicit = false;
+  int vocab = 0;
+  int max_position = 0;  // context length the model was trained for
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  RopeLayout rope_layout = RopeLayout::kHalf;
+  bool tie_embeddings = false;
+  int bos_id = 1;
+  int eos_id = 2;
+  // Weight dtype of the linear layers as stored (informational).
+  DType weight_dtype = DType::kF32;
+};
+
+// Checks the invariants the forward pass relies on; the error names the field.
+absl::Status ValidateConfig(const ModelConfig& c);
+
+// A row-major matrix [rows, cols] in its stored dtype. Linear layers follow the
+// PyTorch layout: rows are output features, cols are input features.
+struct Matrix {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+  // FP8 only: multipliers (DeepSeek's `weight_scale_inv`) for 128x128 blocks,
+  // row-major [ceil(rows_total/128), scale_cols]. Element (r, c) dequantizes to
+  // fp8(r, c) * scale[((row_offset + r) / 128) * scale_cols + (col_offset + c) / 128].
+  const float* scale = nullptr;
+  int64_t scale_cols = 0;
+  // Position of this view inside the stored tensor (non-zero for TP shards).
+  int64_t row_offset = 0;
+  int64_t col_offset = 0;
+  // Bytes between consecutive rows (== cols * DTypeSize(dtype) unless a column slice).
+  int64_t row_stride_bytes = 0;
+
+  const uint8_t* Row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + r * row_stride_bytes;
+  }
+  // Block scale for element (r, c) of this view; 1 when there is none.
+  float ScaleAt(int64_t r, int64_t c) const {
+    if (scale == nullptr) return 1.0f;
+    return scale[((row_offset + r) / kFp8BlockSize) * scale_cols + (col_offset + c) / kFp8BlockSize];
+  }
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [hidden]
+  std::vector<float> ffn_norm;   // [hidden]
+  Matrix wq;                     // [heads * head_dim, hidden]
+  Matrix wk;                     // [kv_heads * head_dim, hidden]
+  Matrix wv;                     // [kv_heads * head_dim, hidden]
+  Matrix wo;                     // [hidden, heads * head_dim]
+  Matrix w_gate;                 // [intermediate, hidden]
+  Matrix w_up;                   // [intermediate, hidden]
+  Matrix w_down;                 // [hidden, intermediate]
+};
+
+// Keeps a file mapped for as long as any ModelWeights points into it.
+class MappedFile {
+ public:
+  static absl::StatusOr<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Matrix embed;                   // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [hidden]
+  Matrix lm_head;                 // [vocab, hidden]; the embedding when tied
+  // Where the weights came from, for logs and errors.
+  std::string source;
+  // Owners of the memory the matrices point into.
+  std::vector<std::shared_ptr<MappedFile>> files;
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
+};
+
+// Loads a Hugging Face-style directory (config.json plus model.safetensors or
+// sharded *.safetensors with model.safetensors.index.json) or a llama2.c
+// checkpoint file (*.bin). Errors name the file and the problem.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path);
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_MODEL_MODEL_H_

@@ -1,0 +1,40 @@
+// One round: the unit of work the scheduler hands a worker group. Several
+// sequences (lanes), each with a span of new tokens at consecutive positions —
+// a prefill chunk of any length, one decode token, or tokens to verify — and
+// the physical KV blocks that hold its context. The engine never allocates
+// blocks; the caller (the router's block manager, or a test's allocator) names
+// them.
+#ifndef RINGLANE_WORKER_ROUND_H_
+#define RINGLANE_WORKER_ROUND_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace ringlane::worker {
+
+struct SeqStep {
+  // Absolute position of tokens[0]; positions [0, start_position) are already
+  // in the KV blocks.
+  int64_t start_position = 0;
+  std::vector<int32_t> tokens;
+  // block_ids[i] holds positions [i * block_size, (i + 1) * block_size); must
+  // cover every position up to start_position + tokens.size().
+  std::vector<int32_t> block_ids;
+  // Indices into `tokens` whose next-token logits are wanted, e.g. the last
+  // token of a finished prefill, or every verified draft position.
+  std::vector<int32_t> logit_offsets;
+};
+
+struct RoundInput {
+  std::vector<SeqStep> seqs;
+};
+
+struct RoundOutput {
+  // Per sequence: logit_offsets.size() rows of `vocab` floats, in order.
+  std::vector<std::vector<float>> logits;
+  int vocab = 0;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_ROUND_H_
