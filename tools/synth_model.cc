@@ -1,6 +1,6 @@
 // ringlane-synth-model: writes a synthetic Llama-shaped checkpoint (Hugging
 // Face layout: config.json + safetensors) of any size, for tests and
-// benchmarks. Flags given on the command line override the preset's values.
+// benchmarks. Shape and dtype flags override the preset's values when set.
 //
 //   ringlane-synth-model --preset=1b1 --out=/tmp/synth-1b1-fp8
 //   ringlane-synth-model --out=/tmp/tiny-bf16 --dtype=bf16 --layers=4 --shards=2
@@ -19,16 +19,17 @@
 ABSL_FLAG(std::string, out, "", "output directory (required)");
 ABSL_FLAG(std::string, preset, "tiny",
           "base shape: tiny (hidden 64, 2 layers, f32) or 1b1 (TinyLlama 1.1B shape, fp8)");
-ABSL_FLAG(int, hidden, 64, "model dimension (hidden_size)");
-ABSL_FLAG(int, intermediate, 172, "MLP dimension (intermediate_size)");
-ABSL_FLAG(int, layers, 2, "number of layers");
-ABSL_FLAG(int, heads, 8, "query heads");
-ABSL_FLAG(int, kv_heads, 4, "key/value heads; must divide --heads");
-ABSL_FLAG(int, head_dim, 0, "head dimension; 0 = hidden / heads");
-ABSL_FLAG(int, vocab, 512, "vocabulary size");
-ABSL_FLAG(int, max_position, 512, "max_position_embeddings");
+ABSL_FLAG(int, hidden, -1, "model dimension (hidden_size); -1 = the preset's");
+ABSL_FLAG(int, intermediate, -1, "MLP dimension (intermediate_size); -1 = the preset's");
+ABSL_FLAG(int, layers, -1, "number of layers; -1 = the preset's");
+ABSL_FLAG(int, heads, -1, "query heads; -1 = the preset's");
+ABSL_FLAG(int, kv_heads, -1, "key/value heads, must divide --heads; -1 = the preset's");
+ABSL_FLAG(int, head_dim, -1, "head dimension; 0 = hidden / heads; -1 = the preset's");
+ABSL_FLAG(int, vocab, -1, "vocabulary size; -1 = the preset's");
+ABSL_FLAG(int, max_position, -1, "max_position_embeddings; -1 = the preset's");
 ABSL_FLAG(double, rope_theta, 10000.0, "RoPE base");
-ABSL_FLAG(std::string, dtype, "f32", "weight dtype: f32, bf16, f16 or fp8 (E4M3, 128x128 blocks)");
+ABSL_FLAG(std::string, dtype, "",
+          "weight dtype: f32, bf16, f16 or fp8 (E4M3, 128x128 blocks); empty = the preset's");
 ABSL_FLAG(uint64_t, seed, 1, "weights are a function of the seed alone, whatever the dtype");
 ABSL_FLAG(int, shards, 1, "number of safetensors files (> 1 adds model.safetensors.index.json)");
 ABSL_FLAG(bool, tie_embeddings, false, "share the embedding with the output layer");
@@ -37,11 +38,6 @@ namespace {
 
 namespace rw = ringlane::worker;
 using ringlane::services::ExitWithUsageError;
-
-template <typename T>
-bool Given(const absl::Flag<T>& flag) {
-  return absl::GetFlagReflectionHandle(flag).IsSpecifiedOnCommandLine();
-}
 
 void RequirePositive(const char* name, int v) {
   if (v <= 0) ExitWithUsageError(absl::StrCat("--", name, " must be positive, got ", v));
@@ -62,11 +58,12 @@ int main(int argc, char** argv) {
 
   o.out_dir = absl::GetFlag(FLAGS_out);
   if (o.out_dir.empty()) ExitWithUsageError("--out is required");
-  // Only flags given explicitly replace the preset's values.
+  // Shape flags default to -1, "keep the preset's value".
   auto take_int = [](const absl::Flag<int>& flag, const char* name, int* field) {
-    if (!Given(flag)) return;
-    *field = absl::GetFlag(flag);
-    RequirePositive(name, *field);
+    int v = absl::GetFlag(flag);
+    if (v == -1) return;
+    RequirePositive(name, v);
+    *field = v;
   };
   take_int(FLAGS_hidden, "hidden", &o.hidden);
   take_int(FLAGS_intermediate, "intermediate", &o.intermediate);
@@ -75,29 +72,28 @@ int main(int argc, char** argv) {
   take_int(FLAGS_kv_heads, "kv_heads", &o.kv_heads);
   take_int(FLAGS_vocab, "vocab", &o.vocab);
   take_int(FLAGS_max_position, "max_position", &o.max_position);
-  take_int(FLAGS_shards, "shards", &o.shards);
-  if (Given(FLAGS_head_dim)) {
+  o.shards = absl::GetFlag(FLAGS_shards);
+  RequirePositive("shards", o.shards);
+  if (absl::GetFlag(FLAGS_head_dim) != -1) {
     o.head_dim = absl::GetFlag(FLAGS_head_dim);
     if (o.head_dim < 0 || o.head_dim % 2 != 0) {
       ExitWithUsageError(
           absl::StrCat("--head_dim must be 0 or a positive even number, got ", o.head_dim));
     }
   }
-  if (Given(FLAGS_rope_theta)) {
-    double theta = absl::GetFlag(FLAGS_rope_theta);
-    if (!(theta > 0)) ExitWithUsageError(absl::StrCat("--rope_theta must be positive"));
-    o.rope_theta = static_cast<float>(theta);
-  }
-  if (Given(FLAGS_dtype)) {
+  const double theta = absl::GetFlag(FLAGS_rope_theta);
+  if (!(theta > 0 && theta < 1e30)) ExitWithUsageError("--rope_theta must be positive");
+  o.rope_theta = static_cast<float>(theta);
+  if (!absl::GetFlag(FLAGS_dtype).empty()) {
     absl::StatusOr<rw::DType> d = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_dtype));
     if (!d.ok()) ExitWithUsageError(absl::StrCat("--dtype: ", d.status().message()));
     o.dtype = *d;
   }
-  if (Given(FLAGS_seed)) o.seed = absl::GetFlag(FLAGS_seed);
-  if (Given(FLAGS_tie_embeddings)) o.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0) {
-    ExitWithUsageError(absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (",
-                                    o.heads, ")"));
+    ExitWithUsageError(
+        absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (", o.heads, ")"));
   }
   if (o.head_dim == 0 && o.hidden % o.heads != 0) {
     ExitWithUsageError(absl::StrCat("--heads (", o.heads, ") must divide --hidden (", o.hidden,
@@ -108,7 +104,8 @@ int main(int argc, char** argv) {
   ringlane::services::ProgressOptions popts;
   popts.unit = ringlane::services::ProgressUnit::kCount;
   ringlane::services::ProgressBar bar(
-      absl::StrCat("writing ", o.out_dir, " (", std::string(rw::DTypeName(o.dtype)), ")"), kSteps, popts);
+      absl::StrCat("writing ", o.out_dir, " (", std::string(rw::DTypeName(o.dtype)), ")"), kSteps,
+      popts);
   absl::Status s = rw::WriteSyntheticModel(
       o, [&](double fraction) { bar.Update(static_cast<int64_t>(fraction * kSteps)); });
   if (!s.ok()) {

@@ -167,7 +167,9 @@ int32_t Sampler::SampleWithTemperature(const std::vector<float>& penalized,
     p = std::exp(p - max_scaled);
     z += p;
   }
-  double total = 0;  // ~1, but summed so the walk below matches it.
+  // ~1. Summed in index order, so a sorted walk over every candidate can end a
+  // rounding error short of it; the fallback after the final walk covers that.
+  double total = 0;
   for (double& p : probs) {
     p /= z;
     total += p;

@@ -58,7 +58,17 @@ void ThreadPool::ParallelFor(int64_t num_tasks,
   }
   cv_.notify_all();
   RunTasks(0);
-  while (active_.load(std::memory_order_acquire) != 0) RL_CPU_RELAX();
+  // Spin briefly for the stragglers, then block: when ranks share cores a
+  // worker may be descheduled mid-task, and spinning would steal its core.
+  auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+  while (active_.load(std::memory_order_acquire) != 0 &&
+         std::chrono::steady_clock::now() < spin_until) {
+    for (int i = 0; i < 16; ++i) RL_CPU_RELAX();
+  }
+  if (active_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return active_.load(std::memory_order_acquire) == 0; });
+  }
   fn_ = nullptr;
 }
 
@@ -81,7 +91,12 @@ void ThreadPool::WorkerLoop(int thread) {
     seen = gen;
     if (stop_.load()) return;
     RunTasks(thread);
-    active_.fetch_sub(1, std::memory_order_acq_rel);
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // Last one out wakes the caller if it has stopped spinning; taking the
+      // lock orders this with the caller's check-then-wait.
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
   }
 }
 

@@ -50,7 +50,8 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // workers wait here for a new job
+  std::condition_variable done_cv_;  // the caller waits here for the job's end
 };
 
 }  // namespace ringlane::worker

@@ -102,8 +102,8 @@ absl::Status ParseRopeScaling(const Json& j, absl::string_view path, RopeScaling
     if (absl::Status s = GetFloat(r, "high_freq_factor", path, &out->high_freq_factor); !s.ok()) {
       return s;
     }
-    if (absl::Status s = GetInt(r, "original_max_position_embeddings", path,
-                                &out->original_max_position);
+    if (absl::Status s =
+            GetInt(r, "original_max_position_embeddings", path, &out->original_max_position);
         !s.ok()) {
       return s;
     }
@@ -150,9 +150,9 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
   if (absl::Status s = GetString(j, "model_type", path, &model_type); !s.ok()) return s;
   if (model_type.empty()) return Invalid(path, "model_type", "is missing");
   if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
-    return Unsupported(path, "model_type",
-                       absl::StrCat("'", model_type,
-                                    "' is not supported (supported: llama, mistral, qwen2)"));
+    return Unsupported(
+        path, "model_type",
+        absl::StrCat("'", model_type, "' is not supported (supported: llama, mistral, qwen2)"));
   }
   c.model_type = model_type;
 
@@ -222,9 +222,10 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
     int window = 0;
     if (absl::Status s = GetInt(j, "sliding_window", path, &window); !s.ok()) return s;
     if (window > 0 && window < c.max_position) {
-      return Unsupported(path, "sliding_window",
-                         absl::StrCat("(", window, ") is shorter than max_position_embeddings (",
-                                      c.max_position, "): sliding-window attention is not supported"));
+      return Unsupported(
+          path, "sliding_window",
+          absl::StrCat("(", window, ") is shorter than max_position_embeddings (", c.max_position,
+                       "): sliding-window attention is not supported"));
     }
   }
 

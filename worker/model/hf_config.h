@@ -6,10 +6,9 @@
 #ifndef RINGLANE_WORKER_MODEL_HF_CONFIG_H_
 #define RINGLANE_WORKER_MODEL_HF_CONFIG_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "worker/model/model.h"
 
 namespace ringlane::worker {

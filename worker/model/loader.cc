@@ -75,20 +75,20 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(name, " must be positive, got ", v));
   };
-  for (auto [name, v] : std::initializer_list<std::pair<absl::string_view, int>>{
-           {n.hidden, c.hidden},
-                         {n.intermediate, c.intermediate},
-                         {n.layers, c.layers},
-                         {n.heads, c.heads},
-                         {n.kv_heads, c.kv_heads},
-                         {n.head_dim, c.head_dim},
-                         {n.vocab, c.vocab},
-                         {n.max_position, c.max_position}}) {
+  for (auto [name, v] :
+       std::initializer_list<std::pair<absl::string_view, int>>{{n.hidden, c.hidden},
+                                                                {n.intermediate, c.intermediate},
+                                                                {n.layers, c.layers},
+                                                                {n.heads, c.heads},
+                                                                {n.kv_heads, c.kv_heads},
+                                                                {n.head_dim, c.head_dim},
+                                                                {n.vocab, c.vocab},
+                                                                {n.max_position, c.max_position}}) {
     if (absl::Status s = positive(name, v); !s.ok()) return s;
   }
   if (c.heads % c.kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(n.kv_heads, " (", c.kv_heads,
-                                                   ") must divide ", n.heads, " (", c.heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(n.kv_heads, " (", c.kv_heads, ") must divide ", n.heads, " (", c.heads, ")"));
   }
   if (c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -96,8 +96,8 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
   }
   if (!c.head_dim_explicit && static_cast<int64_t>(c.heads) * c.head_dim != c.hidden) {
     return absl::InvalidArgumentError(absl::StrCat(n.hidden, " (", c.hidden, ") must equal ",
-                                                   n.heads, " * ", n.head_dim, " (", c.heads,
-                                                   " * ", c.head_dim, ")"));
+                                                   n.heads, " * ", n.head_dim, " (", c.heads, " * ",
+                                                   c.head_dim, ")"));
   }
   if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps)) {
     return absl::InvalidArgumentError(
@@ -119,9 +119,9 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
     }
     if (r.type == "llama3") {
       if (!(r.low_freq_factor > 0.0f) || !(r.high_freq_factor > r.low_freq_factor)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            n.rope_scaling, ".high_freq_factor (", r.high_freq_factor,
-            ") must exceed low_freq_factor (", r.low_freq_factor, ") > 0"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(n.rope_scaling, ".high_freq_factor (", r.high_freq_factor,
+                         ") must exceed low_freq_factor (", r.low_freq_factor, ") > 0"));
       }
       if (r.original_max_position <= 0) {
         return absl::InvalidArgumentError(
@@ -185,14 +185,13 @@ class TensorSource {
         }
         for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
           if (!it.value().is_string()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                index_path, ": weight_map entry for '", it.key(), "' is not a file name"));
+            return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map entry for '",
+                                                           it.key(), "' is not a file name"));
           }
           weight_map[it.key()] = it.value().get<std::string>();
         }
       } catch (const nlohmann::json::exception& e) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(index_path, ": not valid JSON: ", e.what()));
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": not valid JSON: ", e.what()));
       }
       std::map<std::string, int> shard_ids;
       for (const auto& [tensor, file] : weight_map) {
@@ -203,7 +202,8 @@ class TensorSource {
         }
         auto [it, inserted] = shard_ids.emplace(file, static_cast<int>(src.shards_.size()));
         if (inserted) {
-          absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open((fs::path(dir) / file).string());
+          absl::StatusOr<SafetensorsFile> f =
+              SafetensorsFile::Open((fs::path(dir) / file).string());
           if (!f.ok()) return f.status();
           src.shards_.push_back(*std::move(f));
         }
@@ -263,9 +263,9 @@ class HfLoader {
     if (!got.ok()) return got.status();
     auto [t, f] = *got;
     if (t->shape != std::vector<int64_t>{rows, cols}) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          f->path(), ": tensor '", name, "' has shape ", ShapeString(t->shape), ", expected ",
-          ShapeString({rows, cols}), " from the config"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f->path(), ": tensor '", name, "' has shape ", ShapeString(t->shape),
+                       ", expected ", ShapeString({rows, cols}), " from the config"));
     }
     m->dtype = t->dtype;
     m->rows = rows;
@@ -375,8 +375,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
   for (const char* b : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
     std::string name = absl::StrCat("model.layers.0.self_attn.", b, ".bias");
     if (src->Has(name)) {
-      return absl::UnimplementedError(absl::StrCat(
-          dir, ": tensor '", name, "' is present: attention projections with bias are not supported"));
+      return absl::UnimplementedError(
+          absl::StrCat(dir, ": tensor '", name,
+                       "' is present: attention projections with bias are not supported"));
     }
   }
 
@@ -453,8 +454,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
   const int32_t dim = h[0], hidden_dim = h[1], n_layers = h[2], n_heads = h[3], n_kv_heads = h[4],
                 seq_len = h[6];
   const int32_t vocab_signed = h[5];
-  const char* names[] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
-                         "seq_len"};
+  const char* names[] = {"dim",        "hidden_dim", "n_layers", "n_heads",
+                         "n_kv_heads", "vocab_size", "seq_len"};
   for (int i = 0; i < 7; ++i) {
     if (i == 5 ? (h[i] == 0 || h[i] == INT32_MIN) : h[i] <= 0) {
       return absl::InvalidArgumentError(
@@ -462,9 +463,9 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
     }
   }
   if (dim % n_heads != 0 || n_heads % n_kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": llama2.c header: n_heads (", n_heads, ") must divide dim (", dim,
-                     ") and n_kv_heads (", n_kv_heads, ") must divide n_heads"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": llama2.c header: n_heads (", n_heads,
+                                                   ") must divide dim (", dim, ") and n_kv_heads (",
+                                                   n_kv_heads, ") must divide n_heads"));
   }
   const bool tied = vocab_signed > 0;
   const int64_t vocab = tied ? vocab_signed : -static_cast<int64_t>(vocab_signed);
@@ -479,25 +480,32 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
     u128 floats;
   };
   const Part parts[] = {
-      {"token_embedding", u128(vocab) * D},    {"rms_att", u128(L) * D},
-      {"wq", u128(L) * D * D},                 {"wk", u128(L) * kv_dim * D},
-      {"wv", u128(L) * kv_dim * D},            {"wo", u128(L) * D * D},
-      {"rms_ffn", u128(L) * D},                {"w1", u128(L) * H * D},
-      {"w2", u128(L) * D * H},                 {"w3", u128(L) * H * D},
-      {"rms_final", u128(D)},                  {"freq_cis_real", u128(seq_len) * (head_size / 2)},
-      {"freq_cis_imag", u128(seq_len) * (head_size / 2)}, {"wcls", tied ? u128(0) : u128(vocab) * D},
+      {"token_embedding", u128(vocab) * D},
+      {"rms_att", u128(L) * D},
+      {"wq", u128(L) * D * D},
+      {"wk", u128(L) * kv_dim * D},
+      {"wv", u128(L) * kv_dim * D},
+      {"wo", u128(L) * D * D},
+      {"rms_ffn", u128(L) * D},
+      {"w1", u128(L) * H * D},
+      {"w2", u128(L) * D * H},
+      {"w3", u128(L) * H * D},
+      {"rms_final", u128(D)},
+      {"freq_cis_real", u128(seq_len) * (head_size / 2)},
+      {"freq_cis_imag", u128(seq_len) * (head_size / 2)},
+      {"wcls", tied ? u128(0) : u128(vocab) * D},
   };
   u128 total = kHeaderBytes;
   for (const Part& p : parts) total += p.floats * sizeof(float);
   if (total != f.size()) {
     std::string expected = total > u128(UINT64_MAX) ? std::string("more than 2^64")
                                                     : absl::StrCat(static_cast<uint64_t>(total));
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": llama2.c checkpoint size mismatch: header (dim=", dim, ", hidden_dim=", hidden_dim,
-        ", n_layers=", n_layers, ", n_heads=", n_heads, ", n_kv_heads=", n_kv_heads,
-        ", vocab_size=", vocab_signed, ", seq_len=", seq_len, ") implies ", expected,
-        " bytes, file has ", f.size(), " bytes",
-        total > f.size() ? " (truncated)" : " (trailing data)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": llama2.c checkpoint size mismatch: header (dim=", dim,
+                     ", hidden_dim=", hidden_dim, ", n_layers=", n_layers, ", n_heads=", n_heads,
+                     ", n_kv_heads=", n_kv_heads, ", vocab_size=", vocab_signed,
+                     ", seq_len=", seq_len, ") implies ", expected, " bytes, file has ", f.size(),
+                     " bytes", total > f.size() ? " (truncated)" : " (trailing data)"));
   }
 
   auto w = std::make_unique<ModelWeights>();
@@ -567,7 +575,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path)
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) return absl::NotFoundError(absl::StrCat("model path ", path, " does not exist"));
+  if (ec || !fs::exists(st))
+    return absl::NotFoundError(absl::StrCat("model path ", path, " does not exist"));
   if (fs::is_directory(st)) return LoadHfDirectory(path);
   if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return LoadLlama2c(path);
   return absl::InvalidArgumentError(absl::StrCat(

@@ -142,7 +142,7 @@ TEST(LoaderTest, TruncatedLlama2cIsAnErrorNamingFileAndSizes) {
   // A header claiming an absurd shape must not overflow into a "valid" size.
   std::string huge = raw;
   int32_t big = 0x7fffffff;
-  std::memcpy(huge.data(), &big, 4);      // dim
+  std::memcpy(huge.data(), &big, 4);       // dim
   std::memcpy(huge.data() + 12, &big, 4);  // n_heads
   std::memcpy(huge.data() + 16, &big, 4);  // n_kv_heads
   const std::string huge_path = dir + "/huge.bin";
@@ -193,7 +193,7 @@ SyntheticModelOptions SmallOptions(const std::string& dir, DType dtype) {
 
 std::vector<std::pair<std::string, const Matrix*>> Matrices(const ModelWeights& m) {
   std::vector<std::pair<std::string, const Matrix*>> out = {{"embed", &m.embed},
-                                                           {"lm_head", &m.lm_head}};
+                                                            {"lm_head", &m.lm_head}};
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const LayerWeights& l = m.layers[i];
     std::string p = "layer" + std::to_string(i) + ".";
@@ -462,14 +462,20 @@ TEST(HfConfigTest, UnsupportedOrInvalidConfigsNameFileAndField) {
       {"kv_not_dividing", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads"},
       {"attention_bias", [](auto& j) { j["attention_bias"] = true; }, "attention_bias"},
       {"qwen2_default_bias", [](auto& j) { j["model_type"] = "qwen2"; }, "attention_bias"},
-      {"yarn", [](auto& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}}; },
+      {"yarn",
+       [](auto& j) {
+         j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}};
+       },
        "rope_scaling"},
       {"fp8_block_64",
        [](auto& j) {
          j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}};
        },
        "weight_block_size"},
-      {"gptq", [](auto& j) { j["quantization_config"] = {{"quant_method", "gptq"}}; },
+      {"gptq",
+       [](auto& j) {
+         j["quantization_config"] = {{"quant_method", "gptq"}};
+       },
        "quant_method"},
       {"zero_layers", [](auto& j) { j["num_hidden_layers"] = 0; }, "num_hidden_layers"},
       {"no_vocab", [](auto& j) { j.erase("vocab_size"); }, "vocab_size"},

@@ -76,23 +76,24 @@ absl::Status ParseTensorEntry(absl::string_view path, const std::string& name, c
   uint64_t begin = (*off_it)[0].get<uint64_t>();
   uint64_t end = (*off_it)[1].get<uint64_t>();
   if (begin > end) {
-    return BadTensor(path, name, absl::StrCat("data_offsets [", begin, ", ", end, "] are reversed"));
+    return BadTensor(path, name,
+                     absl::StrCat("data_offsets [", begin, ", ", end, "] are reversed"));
   }
   if (end > data_size) {
-    return BadTensor(path, name,
-                     absl::StrCat("data_offsets [", begin, ", ", end,
-                                  "] run past the end of the data section (", data_size,
-                                  " bytes); the file is truncated or the header lies"));
+    return BadTensor(
+        path, name,
+        absl::StrCat("data_offsets [", begin, ", ", end, "] run past the end of the data section (",
+                     data_size, " bytes); the file is truncated or the header lies"));
   }
   uint64_t expected = 0;
   if (!ByteCount(shape, DTypeSize(*dtype), &expected)) {
     return BadTensor(path, name, absl::StrCat("shape ", ShapeString(shape), " overflows"));
   }
   if (end - begin != expected) {
-    return BadTensor(path, name,
-                     absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin,
-                                  " bytes but ", std::string(DTypeName(*dtype)), " ", ShapeString(shape),
-                                  " needs ", expected));
+    return BadTensor(
+        path, name,
+        absl::StrCat("data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes but ",
+                     std::string(DTypeName(*dtype)), " ", ShapeString(shape), " needs ", expected));
   }
   t->name = name;
   t->dtype = *dtype;
@@ -120,7 +121,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<MappedFil
   const std::string& path = file->path();
   const uint64_t size = file->size();
   if (size < 8) {
-    return Bad(path, absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
+    return Bad(path,
+               absl::StrCat("file is ", size, " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file->data()[i];
@@ -166,9 +168,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<MappedFil
   // is corrupt, and loading it would alias weights silently.
   std::vector<size_t> order(out.tensors_.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return out.tensors_[a].data < out.tensors_[b].data;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return out.tensors_[a].data < out.tensors_[b].data; });
   const SafetensorsTensor* prev = nullptr;
   for (size_t i : order) {
     const SafetensorsTensor& t = out.tensors_[i];
@@ -205,8 +206,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   for (size_t i = 0; i < n; ++i) {
     const SafetensorsTensorSpec& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": invalid tensor name '", t.name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": invalid tensor name '", t.name, "'"));
     }
     if (!seen.emplace(t.name, static_cast<int>(i)).second) {
       return absl::InvalidArgumentError(
@@ -267,9 +267,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
   std::string prefix(reinterpret_cast<const char*>(len), 8);
   prefix += header;
-  if (absl::Status s = w->WriteAt(-1, 0, absl::MakeConstSpan(
-                                              reinterpret_cast<const uint8_t*>(prefix.data()),
-                                              prefix.size()));
+  if (absl::Status s = w->WriteAt(
+          -1, 0,
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size()));
       !s.ok()) {
     return s;
   }
@@ -294,8 +294,7 @@ int SafetensorsWriter::IndexOf(std::string_view name) const {
 }
 
 // index == -1 writes at an absolute file offset (the header).
-absl::Status SafetensorsWriter::WriteAt(int index, size_t offset,
-                                        absl::Span<const uint8_t> bytes) {
+absl::Status SafetensorsWriter::WriteAt(int index, size_t offset, absl::Span<const uint8_t> bytes) {
   size_t pos = offset;
   if (index >= 0) {
     if (static_cast<size_t>(index) >= specs_.size()) {
@@ -327,9 +326,9 @@ absl::Status SafetensorsWriter::WriteAt(int index, size_t offset,
 absl::Status SafetensorsWriter::Finish() {
   for (size_t i = 0; i < specs_.size(); ++i) {
     if (written_[i].load() != sizes_[i]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path_, ": tensor '", specs_[i].name, "' got ", written_[i].load(),
-                       " of its ", sizes_[i], " bytes"));
+      return absl::FailedPreconditionError(absl::StrCat(path_, ": tensor '", specs_[i].name,
+                                                        "' got ", written_[i].load(), " of its ",
+                                                        sizes_[i], " bytes"));
     }
   }
   if (::close(fd_) != 0) {
@@ -356,11 +355,10 @@ absl::Status WriteSafetensors(const std::string& path,
   if (!w.ok()) return w.status();
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].bytes.size() != (*w)->tensor_bytes(static_cast<int>(i))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor '", tensors[i].name, "' has ", tensors[i].bytes.size(),
-                       " bytes but ", std::string(DTypeName(tensors[i].dtype)), " ",
-                       ShapeString(tensors[i].shape), " needs ",
-                       (*w)->tensor_bytes(static_cast<int>(i))));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", tensors[i].name, "' has ", tensors[i].bytes.size(), " bytes but ",
+          std::string(DTypeName(tensors[i].dtype)), " ", ShapeString(tensors[i].shape), " needs ",
+          (*w)->tensor_bytes(static_cast<int>(i))));
     }
     if (absl::Status s = (*w)->WriteAt(static_cast<int>(i), 0, tensors[i].bytes); !s.ok()) {
       return s;

@@ -157,7 +157,8 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(absl::StrCat("rename ", tmp, " to ", path, ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -177,8 +178,8 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
     o.dtype = DType::kFP8E4M3;
     return o;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown synthetic model preset '", std::string(name), "' (expected tiny or 1b1)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown synthetic model preset '",
+                                                 std::string(name), "' (expected tiny or 1b1)"));
 }
 
 absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
@@ -214,8 +215,8 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   const int64_t q_dim = int64_t{c.heads} * c.head_dim, kv_dim = int64_t{c.kv_heads} * c.head_dim;
   std::vector<TensorPlan> plan;
   auto add_matrix = [&](std::string name, Kind kind, int64_t rows, int64_t cols, DType dtype) {
-    plan.push_back({std::move(name), kind, rows, cols, {rows, cols}, dtype,
-                    dtype == DType::kFP8E4M3});
+    plan.push_back(
+        {std::move(name), kind, rows, cols, {rows, cols}, dtype, dtype == DType::kFP8E4M3});
   };
   auto add_norm = [&](std::string name) {
     plan.push_back({std::move(name), Kind::kNorm, 1, H, {H}, DType::kF32, false});
@@ -238,8 +239,8 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   if (!c.tie_embeddings) add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);
   if (static_cast<size_t>(o.shards) > plan.size()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic model: shards (", o.shards,
-                                                   ") exceeds the number of tensors (",
-                                                   plan.size(), ")"));
+                                                   ") exceeds the number of tensors (", plan.size(),
+                                                   ")"));
   }
 
   // Shards by tensor count: simple, never empty, and close enough to even.
@@ -273,9 +274,9 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   size_t total_bytes = 0;
   for (int s = 0; s < o.shards; ++s) {
-    shard_names[s] = o.shards == 1 ? "model.safetensors"
-                                   : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1,
-                                                     o.shards);
+    shard_names[s] = o.shards == 1
+                         ? "model.safetensors"
+                         : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, o.shards);
     absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
         SafetensorsWriter::Create((dir / shard_names[s]).string(), specs[s], metadata);
     if (!w.ok()) return w.status();
@@ -324,10 +325,10 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
       if (!s.ok()) return s;
     }
     if (t.has_scale) {
-      absl::Status s = w->WriteAt(
-          t.scale_index, 0,
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(scales.data()),
-                              scales.size() * sizeof(float)));
+      absl::Status s =
+          w->WriteAt(t.scale_index, 0,
+                     absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(scales.data()),
+                                         scales.size() * sizeof(float)));
       if (!s.ok()) return s;
       done_bytes.fetch_add(scales.size() * sizeof(float));
     }

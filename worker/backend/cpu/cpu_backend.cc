@@ -292,9 +292,8 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
     RmsNorm(x_.data(), w.attn_norm, xb_.data(), rows);
-    cpu::MatMul(w.wq, xb_.data(), D, rows, q_.data(), qdim, &pool_, isa_);
-    cpu::MatMul(w.wk, xb_.data(), D, rows, k_.data(), kvdim, &pool_, isa_);
-    cpu::MatMul(w.wv, xb_.data(), D, rows, v_.data(), kvdim, &pool_, isa_);
+    cpu::MatMulShared({{&w.wq, q_.data(), qdim}, {&w.wk, k_.data(), kvdim}, {&w.wv, v_.data(), kvdim}},
+                      xb_.data(), D, rows, &pool_, isa_);
     ApplyRope(q_.data(), qdim, cfg_.heads, rows);
     ApplyRope(k_.data(), kvdim, cfg_.kv_heads, rows);
     for (int64_t t = 0; t < T; ++t) {
@@ -308,8 +307,8 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     for (int64_t i = 0; i < T * D; ++i) x_[i] = x_[i] + tmp_[i];
 
     RmsNorm(x_.data(), w.ffn_norm, xb_.data(), rows);
-    cpu::MatMul(w.w_gate, xb_.data(), D, rows, gate_.data(), I, &pool_, isa_);
-    cpu::MatMul(w.w_up, xb_.data(), D, rows, up_.data(), I, &pool_, isa_);
+    cpu::MatMulShared({{&w.w_gate, gate_.data(), I}, {&w.w_up, up_.data(), I}}, xb_.data(), D, rows,
+                      &pool_, isa_);
     const int64_t row_tasks = (T + 15) / 16;
     pool_.ParallelFor(row_tasks, [&](int64_t task, int) {
       const int64_t end = std::min(T, task * 16 + 16) * I;

@@ -75,22 +75,31 @@ void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
   internal::MatMulRangeScalar(w, x, ldx, M, y, ldy, n0, n1);
 }
 
-void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-            ThreadPool* pool, Isa isa) {
+void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, int64_t ldx, int M,
+                  ThreadPool* pool, Isa isa) {
   if (M <= 0) return;
-  const int64_t N = w.rows;
   // Blocks of output rows: small enough to balance two threads, large enough
   // to amortize the panel; a multiple of 4 to fill the kernels' row tiles.
-  int64_t block = M > kPanelMinRows ? 16 : 32;
-  int64_t tasks = (N + block - 1) / block;
-  if (pool == nullptr || pool->num_threads() == 1 || tasks == 1) {
-    MatMulRange(w, x, ldx, M, y, ldy, 0, N, isa);
-    return;
+  const int64_t block = M > kPanelMinRows ? 16 : 32;
+  std::vector<std::pair<const MatMulOutput*, int64_t>> tasks;  // (output, first row)
+  for (const MatMulOutput& o : outputs) {
+    for (int64_t n0 = 0; n0 < o.w->rows; n0 += block) tasks.push_back({&o, n0});
   }
-  pool->ParallelFor(tasks, [&](int64_t t, int) {
-    int64_t n0 = t * block;
-    MatMulRange(w, x, ldx, M, y, ldy, n0, std::min(N, n0 + block), isa);
-  });
+  auto run = [&](int64_t t, int) {
+    const MatMulOutput& o = *tasks[t].first;
+    const int64_t n0 = tasks[t].second;
+    MatMulRange(*o.w, x, ldx, M, o.y, o.ldy, n0, std::min(o.w->rows, n0 + block), isa);
+  };
+  if (pool == nullptr || pool->num_threads() == 1) {
+    for (size_t t = 0; t < tasks.size(); ++t) run(static_cast<int64_t>(t), 0);
+  } else {
+    pool->ParallelFor(static_cast<int64_t>(tasks.size()), run);
+  }
+}
+
+void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+            ThreadPool* pool, Isa isa) {
+  MatMulShared({{&w, y, ldy}}, x, ldx, M, pool, isa);
 }
 
 void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {

@@ -19,6 +19,7 @@
 #define RINGLANE_WORKER_BACKEND_CPU_KERNELS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "worker/model/model.h"
 #include "worker/thread_pool.h"
@@ -39,6 +40,16 @@ inline constexpr int kPanelMinRows = 8;
 // Work is split over blocks of output rows, so the split never changes a sum.
 void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
             ThreadPool* pool, Isa isa);
+
+// Several matrices applied to the same x (Q/K/V, gate/up) in one parallel
+// loop, so the pool synchronizes once for all of them.
+struct MatMulOutput {
+  const Matrix* w;
+  float* y;
+  int64_t ldy;
+};
+void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, int64_t ldx, int M,
+                  ThreadPool* pool, Isa isa);
 
 // As MatMul for output rows [n0, n1) only, on the calling thread. `force_path`:
 // 0 chooses by M, 1 forces the in-register kernels, 2 the panel kernels (tests).

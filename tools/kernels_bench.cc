@@ -1,0 +1,88 @@
+// Google Benchmark of the matmul kernels on one thread: bytes of weights
+// streamed per second for decode-sized row counts, flops for prefill-sized.
+//
+//   build/tools/ringlane-kernels-bench --benchmark_filter=FP8
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "worker/backend/cpu/kernels.h"
+
+namespace {
+
+namespace rw = ringlane::worker;
+
+struct Weights {
+  rw::Matrix m;
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+};
+
+Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
+  Weights w;
+  w.m.dtype = dt;
+  w.m.rows = rows;
+  w.m.cols = cols;
+  w.m.row_stride_bytes = cols * static_cast<int64_t>(rw::DTypeSize(dt));
+  w.bytes.resize(rows * w.m.row_stride_bytes);
+  // Weights as a quantized checkpoint has them: Gaussian values scaled so a
+  // block's largest magnitude sits near the top of the FP8 range (so FP8
+  // subnormals are as rare as in real weights).
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const size_t n = static_cast<size_t>(rows * cols);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = g(rng);
+    uint8_t* p = w.bytes.data() + i * rw::DTypeSize(dt);
+    switch (dt) {
+      case rw::DType::kFP8E4M3:
+        *p = rw::FloatToFp8E4M3(v * 100.0f);
+        break;
+      case rw::DType::kBF16: {
+        uint16_t h = rw::FloatToBf16(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case rw::DType::kF16: {
+        uint16_t h = rw::FloatToF16(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case rw::DType::kF32:
+        std::memcpy(p, &v, 4);
+        break;
+    }
+  }
+  if (dt == rw::DType::kFP8E4M3) {
+    w.m.scale_cols = (cols + 127) / 128;
+    w.scales.assign(((rows + 127) / 128) * w.m.scale_cols, 0.01f);
+    w.m.scale = w.scales.data();
+  }
+  w.m.data = w.bytes.data();
+  return w;
+}
+
+void BM_MatMul(benchmark::State& state, rw::DType dt) {
+  const int M = static_cast<int>(state.range(0));
+  const int64_t N = 5632, K = 2048;
+  Weights w = Make(dt, N, K);
+  std::vector<float> x(M * K, 0.5f), y(M * N);
+  const auto isa = ringlane::worker::cpu::DetectIsa();
+  for (auto _ : state) {
+    ringlane::worker::cpu::MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.bytes.size()));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3)->Arg(1)->Arg(5)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16)->Arg(1)->Arg(5)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
