@@ -18,12 +18,6 @@ using testing::LaneResult;
 using testing::LaneSpec;
 using testing::SourcePath;
 
-std::shared_ptr<const worker::ModelWeights> Stories() {
-  auto m = worker::LoadModel(SourcePath("deploy/models/stories260K/stories260K.bin"));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::shared_ptr<const worker::ModelWeights>(std::move(*m));
-}
-
 std::vector<int32_t> Encode(const std::string& text) {
   auto tok = router::Llama2cTokenizer::Load(SourcePath("deploy/models/stories260K/tok512.bin"));
   EXPECT_TRUE(tok.ok());
@@ -83,20 +77,21 @@ void ExpectSameAsSolo(worker::Backend* backend, std::vector<LaneSpec> lanes) {
 class StoriesInvariance : public ::testing::TestWithParam<worker::DType> {};
 
 TEST_P(StoriesInvariance, ConcurrentEqualsSolo) {
-  worker::CpuBackendOptions opt;
-  opt.threads = 2;
-  auto backend = worker::CreateCpuBackend(Stories(), opt);
-  ASSERT_TRUE(backend->AllocateKvPool({96, 16, GetParam()}).ok());
+  auto backend = testing::MakeCpuBackend(SourcePath("deploy/models/stories260K/stories260K.bin"),
+                                         {96, 16, GetParam()});
+  ASSERT_TRUE(backend.ok()) << backend.status();
   std::vector<std::vector<int32_t>> prompts = {
       Encode("Once upon a time"), Encode("Lily and Ben"), Encode("The cat"), Encode(""),
       Encode("One day, a little bird flew over the big green tree and saw a dog")};
-  ExpectSameAsSolo(backend.get(), FiveLanes(prompts));
+  ExpectSameAsSolo(backend->get(), FiveLanes(prompts));
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, StoriesInvariance,
                          ::testing::Values(worker::DType::kF32, worker::DType::kBF16,
                                            worker::DType::kFP8E4M3),
-                         [](const auto& info) { return std::string(worker::DTypeName(info.param)); });
+                         [](const auto& info) {
+                           return std::string(worker::DTypeName(info.param));
+                         });
 
 // A synthetic model with FP8 block-scaled weights, GQA and dimensions that
 // exercise the kernels' tails (K not a multiple of 8) and the panel path
@@ -113,20 +108,15 @@ TEST(SyntheticFp8Invariance, ConcurrentEqualsSolo) {
   o.max_position = 512;
   o.dtype = worker::DType::kFP8E4M3;
   o.seed = 5;
-  ASSERT_TRUE(worker::WriteSyntheticModel(o).ok());
-  auto m = worker::LoadModel(o.out_dir);
-  ASSERT_TRUE(m.ok()) << m.status();
-  worker::CpuBackendOptions opt;
-  opt.threads = 2;
-  auto backend = worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*m)), opt);
-  ASSERT_TRUE(backend->AllocateKvPool({128, 16, worker::DType::kFP8E4M3}).ok());
+  auto backend = testing::MakeSyntheticBackend(o, {128, 16, worker::DType::kFP8E4M3});
+  ASSERT_TRUE(backend.ok()) << backend.status();
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) {
     std::vector<int32_t> p;
     for (int j = 0; j < 5 + 9 * i; ++j) p.push_back((j * 37 + i * 101 + 3) % 384);
     prompts.push_back(p);
   }
-  ExpectSameAsSolo(backend.get(), FiveLanes(prompts));
+  ExpectSameAsSolo(backend->get(), FiveLanes(prompts));
 }
 
 }  // namespace

@@ -35,14 +35,9 @@ std::unique_ptr<worker::Backend> Build(worker::DType dt) {
   o.max_position = 256;
   o.dtype = dt;
   o.seed = 42;
-  EXPECT_TRUE(worker::WriteSyntheticModel(o).ok());
-  auto m = worker::LoadModel(o.out_dir);
-  EXPECT_TRUE(m.ok()) << m.status();
-  worker::CpuBackendOptions opt;
-  opt.threads = 2;
-  auto b = worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*m)), opt);
-  EXPECT_TRUE(b->AllocateKvPool({16, 16, worker::DType::kF32}).ok());
-  return b;
+  auto b = testing::MakeSyntheticBackend(o, {16, 16, worker::DType::kF32});
+  EXPECT_TRUE(b.ok()) << b.status();
+  return std::move(*b);
 }
 
 struct Agreement {

@@ -41,15 +41,14 @@ struct Variant {
 class GoldenTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(GoldenTest, EveryCaseReproducesTheReferenceTokens) {
-  auto model = worker::LoadModel(SourcePath("deploy/models/stories260K/stories260K.bin"));
-  ASSERT_TRUE(model.ok()) << model.status();
   auto tok = router::Llama2cTokenizer::Load(SourcePath("deploy/models/stories260K/tok512.bin"));
   ASSERT_TRUE(tok.ok()) << tok.status();
   worker::CpuBackendOptions opt;
   opt.threads = GetParam().threads;
   opt.force_scalar = GetParam().scalar;
-  auto backend = worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*model)), opt);
-  ASSERT_TRUE(backend->AllocateKvPool({64, 16, worker::DType::kF32}).ok());
+  auto backend = testing::MakeCpuBackend(SourcePath("deploy/models/stories260K/stories260K.bin"),
+                                         {64, 16, worker::DType::kF32}, opt);
+  ASSERT_TRUE(backend.ok()) << backend.status();
 
   std::vector<GoldenCase> cases = LoadGolden();
   ASSERT_EQ(cases.size(), 4u);
@@ -61,7 +60,7 @@ TEST_P(GoldenTest, EveryCaseReproducesTheReferenceTokens) {
     lane.prompt = ids;
     lane.max_new_tokens = static_cast<int>(c.greedy_ids.size());
     lane.stop_token = 1;  // llama2.c models stop on BOS
-    auto res = testing::RunLanes(backend.get(), {lane});
+    auto res = testing::RunLanes(backend->get(), {lane});
     ASSERT_TRUE(res.ok()) << res.status();
     EXPECT_EQ((*res)[0].tokens, c.greedy_ids);
     std::vector<int32_t> all = ids;

@@ -156,7 +156,8 @@ int64_t MatrixBytes(const rw::Matrix& m) {
 int64_t DecodeBytesPerToken(const rw::ModelWeights& w) {
   int64_t b = MatrixBytes(w.lm_head);
   for (const auto& l : w.layers) {
-    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) b += MatrixBytes(*m);
+    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      b += MatrixBytes(*m);
   }
   return b;
 }
@@ -164,7 +165,8 @@ int64_t DecodeBytesPerToken(const rw::ModelWeights& w) {
 int64_t LinearParams(const rw::ModelWeights& w) {
   int64_t p = 0;
   for (const auto& l : w.layers) {
-    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) p += m->rows * m->cols;
+    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      p += m->rows * m->cols;
   }
   return p;
 }
@@ -180,7 +182,8 @@ void Prefill(rw::Backend* b, std::vector<Lane>& lanes, int prompt, int vocab) {
   for (size_t i = 0; i < lanes.size(); ++i) {
     rw::RoundInput in;
     rw::SeqStep s;
-    for (int t = 0; t < prompt; ++t) s.tokens.push_back(static_cast<int32_t>((t * 131 + i * 17 + 7) % vocab));
+    for (int t = 0; t < prompt; ++t)
+      s.tokens.push_back(static_cast<int32_t>((t * 131 + i * 17 + 7) % vocab));
     s.start_position = 0;
     s.block_ids = lanes[i].blocks;
     s.logit_offsets = {prompt - 1};
@@ -188,8 +191,8 @@ void Prefill(rw::Backend* b, std::vector<Lane>& lanes, int prompt, int vocab) {
     auto out = b->Step(in);
     if (!out.ok()) Die(std::string(out.status().message()));
     lanes[i].pos = prompt;
-    lanes[i].last = static_cast<int32_t>(std::max_element(out->logits[0].begin(), out->logits[0].end()) -
-                                         out->logits[0].begin());
+    lanes[i].last = static_cast<int32_t>(
+        std::max_element(out->logits[0].begin(), out->logits[0].end()) - out->logits[0].begin());
   }
 }
 
@@ -260,10 +263,11 @@ int main(int argc, char** argv) {
   const rw::ModelConfig& cfg = model->config;
   const int64_t bytes_per_token = DecodeBytesPerToken(*model);
   const int64_t linear_params = LinearParams(*model);
-  Progress(absl::StrFormat("model: %d layers, hidden %d, intermediate %d, heads %d/%d, vocab %d, "
-                           "%.3f GB read per decode token",
-                           cfg.layers, cfg.hidden, cfg.intermediate, cfg.heads, cfg.kv_heads,
-                           cfg.vocab, bytes_per_token / 1e9));
+  Progress(
+      absl::StrFormat("model: %d layers, hidden %d, intermediate %d, heads %d/%d, vocab %d, "
+                      "%.3f GB read per decode token",
+                      cfg.layers, cfg.hidden, cfg.intermediate, cfg.heads, cfg.kv_heads, cfg.vocab,
+                      bytes_per_token / 1e9));
 
   struct Row {
     int threads;
@@ -309,24 +313,30 @@ int main(int argc, char** argv) {
   }
   // Matmul flops for every prompt row (the LM head runs for the last row
   // only), plus attention: QK and PV over the causal triangle.
-  const double attn_flops = 4.0 * cfg.layers * cfg.heads * cfg.head_dim * (prefill * (prefill + 1.0) / 2);
-  const double prefill_flops = 2.0 * linear_params * prefill + 2.0 * cfg.vocab * cfg.hidden + attn_flops;
+  const double attn_flops =
+      4.0 * cfg.layers * cfg.heads * cfg.head_dim * (prefill * (prefill + 1.0) / 2);
+  const double prefill_flops =
+      2.0 * linear_params * prefill + 2.0 * cfg.vocab * cfg.hidden + attn_flops;
   const double prefill_gflops = prefill_flops / prefill_s / 1e9;
 
   std::printf("\n## ringlane-engine-bench: %s\n\n", path.c_str());
-  std::printf("Bytes read per decode token: %.3f GB (linear layers, LM head, scales). Linear params: %.3f B.\n\n",
-              bytes_per_token / 1e9, linear_params / 1e9);
-  std::printf("| threads | read GB/s | AVX2 FMA GFLOP/s | decode tok/s | roofline tok/s | of roofline |\n");
+  std::printf(
+      "Bytes read per decode token: %.3f GB (linear layers, LM head, scales). Linear params: %.3f "
+      "B.\n\n",
+      bytes_per_token / 1e9, linear_params / 1e9);
+  std::printf(
+      "| threads | read GB/s | AVX2 FMA GFLOP/s | decode tok/s | roofline tok/s | of roofline |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
     std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.0f%% |\n", r.threads, r.bw, r.peak, r.decode,
                 r.roofline, 100 * r.decode / r.roofline);
   }
   std::printf("\n| %d threads | figure | ratio |\n|---|---:|---:|\n", top.threads);
-  std::printf("| batched decode, %d sequences | %.2f tok/s | %.2fx single-stream |\n", batch, batched,
-              batched / top.decode);
-  std::printf("| prefill, %d tokens | %.2f s, %.1f GFLOP/s (%.0f tok/s) | %.0f%% of FMA peak |\n", prefill,
-              prefill_s, prefill_gflops, prefill / prefill_s, 100 * prefill_gflops / top.peak);
+  std::printf("| batched decode, %d sequences | %.2f tok/s | %.2fx single-stream |\n", batch,
+              batched, batched / top.decode);
+  std::printf("| prefill, %d tokens | %.2f s, %.1f GFLOP/s (%.0f tok/s) | %.0f%% of FMA peak |\n",
+              prefill, prefill_s, prefill_gflops, prefill / prefill_s,
+              100 * prefill_gflops / top.peak);
 
   const std::string json = absl::GetFlag(FLAGS_json);
   if (!json.empty()) {
@@ -336,10 +346,14 @@ int main(int argc, char** argv) {
                  static_cast<long long>(bytes_per_token));
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::fprintf(f, "%s{\"threads\": %d, \"read_gbps\": %.3f, \"fma_gflops\": %.3f, \"decode_tps\": %.4f, \"roofline_tps\": %.4f}",
+      std::fprintf(f,
+                   "%s{\"threads\": %d, \"read_gbps\": %.3f, \"fma_gflops\": %.3f, \"decode_tps\": "
+                   "%.4f, \"roofline_tps\": %.4f}",
                    i ? ", " : "", r.threads, r.bw, r.peak, r.decode, r.roofline);
     }
-    std::fprintf(f, "], \"batched_decode_tps\": %.4f, \"batch\": %d, \"prefill_seconds\": %.4f, \"prefill_tokens\": %d, \"prefill_gflops\": %.3f}\n",
+    std::fprintf(f,
+                 "], \"batched_decode_tps\": %.4f, \"batch\": %d, \"prefill_seconds\": %.4f, "
+                 "\"prefill_tokens\": %d, \"prefill_gflops\": %.3f}\n",
                  batched, batch, prefill_s, prefill, prefill_gflops);
     std::fclose(f);
   }

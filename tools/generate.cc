@@ -28,7 +28,8 @@ ABSL_FLAG(std::string, model, "deploy/models/stories260K/stories260K.bin",
           "llama2.c checkpoint (.bin) or Hugging Face model directory");
 ABSL_FLAG(std::string, tokenizer, "",
           "llama2.c tokenizer file; default: tokenizer.bin or tok*.bin beside the model");
-ABSL_FLAG(std::string, prompt, "", "prompt to complete; empty: read prompts from stdin, one a line");
+ABSL_FLAG(std::string, prompt, "",
+          "prompt to complete; empty: read prompts from stdin, one a line");
 ABSL_FLAG(int, max_tokens, 256, "most tokens to generate per prompt");
 ABSL_FLAG(double, temperature, 0.0, "sampling temperature; 0 = greedy");
 ABSL_FLAG(double, top_p, 1.0, "nucleus sampling threshold (1 = off)");
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
   params.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   params.top_k = absl::GetFlag(FLAGS_top_k);
   params.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
-  if (absl::Status st = rw::ValidateSamplingParams(params); !st.ok()) Die(std::string(st.message()));
+  if (absl::Status st = rw::ValidateSamplingParams(params); !st.ok())
+    Die(std::string(st.message()));
 
   const std::string model_path = absl::GetFlag(FLAGS_model);
   std::string tok_path = absl::GetFlag(FLAGS_tokenizer);
@@ -121,13 +123,15 @@ int main(int argc, char** argv) {
   }
   rw::CpuBackendOptions opt;
   opt.threads = threads;
-  auto backend = rw::CreateCpuBackend(std::shared_ptr<const rw::ModelWeights>(std::move(*model)), opt);
+  auto backend =
+      rw::CreateCpuBackend(std::shared_ptr<const rw::ModelWeights>(std::move(*model)), opt);
   const int context = cfg.max_position > 0 ? cfg.max_position : 2048;
   const int num_blocks = (context + block_size - 1) / block_size;
   if (absl::Status st = backend->AllocateKvPool({num_blocks, block_size, *kv_dtype}); !st.ok()) {
     Die(std::string(st.message()));
   }
-  double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "ringlane-generate: %s (%d layers, hidden %d, vocab %d, context %d) on %s, "
                "KV %s, loaded in %.0f ms\n",
@@ -141,7 +145,8 @@ int main(int argc, char** argv) {
   auto generate = [&](const std::string& prompt) {
     std::vector<int32_t> ids = (*tok)->Encode(prompt, /*add_bos=*/true);
     if (static_cast<int>(ids.size()) >= context) {
-      std::fprintf(stderr, "error: prompt has %zu tokens, the context holds %d\n", ids.size(), context);
+      std::fprintf(stderr, "error: prompt has %zu tokens, the context holds %d\n", ids.size(),
+                   context);
       return;
     }
     rw::SamplingParams p = params;
@@ -176,7 +181,9 @@ int main(int argc, char** argv) {
       pos = end;
       rw::SampleResult r = sampler.Sample(out->logits[0], pos);
       if (generated == 0) {
-        first_token_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        first_token_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
       }
       ++generated;
       if ((*tok)->IsStop(r.token) || r.token == cfg.eos_id) break;
@@ -191,7 +198,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (absl::GetFlag(FLAGS_stats)) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "[%zu prompt tokens, %d generated, first token %.1f ms, %.1f tokens/s]\n",
+      std::fprintf(stderr,
+                   "[%zu prompt tokens, %d generated, first token %.1f ms, %.1f tokens/s]\n",
                    ids.size(), generated, first_token_ms, generated / s);
     }
   };

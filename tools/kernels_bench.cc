@@ -75,12 +75,23 @@ void BM_MatMul(benchmark::State& state, rw::DType dt) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.bytes.size()));
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
-BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3)->Arg(1)->Arg(5)->Arg(64)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16)->Arg(1)->Arg(5)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(5)
+    ->Arg(6)
+    ->Arg(8)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16)
+    ->Arg(1)
+    ->Arg(5)
+    ->Arg(64)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -40,8 +40,8 @@ absl::StatusOr<DType> ParseSafetensorsDType(std::string_view name) {
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
   if (name == "F8_E4M3") return DType::kFP8E4M3;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported tensor dtype '", std::string(name), "' (supported: F32, BF16, F16, F8_E4M3)"));
+  return absl::InvalidArgumentError(absl::StrCat("unsupported tensor dtype '", std::string(name),
+                                                 "' (supported: F32, BF16, F16, F8_E4M3)"));
 }
 
 absl::StatusOr<DType> ParseDTypeFlag(std::string_view name) {

@@ -26,9 +26,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   try {
     kv->data_.assign(static_cast<size_t>(kv->block_bytes_) * spec.num_blocks, 0);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: cannot allocate ", spec.num_blocks, " blocks of ",
-                     kv->block_bytes_, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache: cannot allocate ", spec.num_blocks,
+                                                     " blocks of ", kv->block_bytes_, " bytes"));
   }
   return kv;
 }

@@ -30,7 +30,8 @@ TEST_P(KvCacheTest, StoreThenGatherWithinDtypePrecision) {
     tokens.push_back(Random(heads * hd, p, 3.0f));
     (*kv)->Store(blocks[p / 4], p % 4, 1, 1, tokens.back().data());
   }
-  const float tol = GetParam() == DType::kF32 ? 0.0f : (GetParam() == DType::kBF16 ? 1.0f / 128 : 1.0f / 8);
+  const float tol =
+      GetParam() == DType::kF32 ? 0.0f : (GetParam() == DType::kBF16 ? 1.0f / 128 : 1.0f / 8);
   for (int h = 0; h < heads; ++h) {
     std::vector<float> out(10 * hd);
     (*kv)->Gather(blocks, 10, 1, 1, h, out.data(), hd);
@@ -40,7 +41,10 @@ TEST_P(KvCacheTest, StoreThenGatherWithinDtypePrecision) {
     for (int p = 0; p < 10; ++p) {
       for (int d = 0; d < hd; ++d) {
         float want = tokens[p][h * hd + d];
-        EXPECT_NEAR(out[p * hd + d], want, tol * std::fmax(std::fabs(want), GetParam() == DType::kFP8E4M3 ? amax / 16 : 0.0f) + 1e-6f);
+        EXPECT_NEAR(
+            out[p * hd + d], want,
+            tol * std::fmax(std::fabs(want), GetParam() == DType::kFP8E4M3 ? amax / 16 : 0.0f) +
+                1e-6f);
       }
     }
   }

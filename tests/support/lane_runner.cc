@@ -64,7 +64,8 @@ absl::StatusOr<std::vector<LaneResult>> RunLanes(worker::Backend* backend,
       if (prompt_left > 0) {
         n = prompt_left;
         if (!s.spec->prefill_chunks.empty()) {
-          n = std::min<int64_t>(n, s.spec->prefill_chunks[s.chunk_index++ % s.spec->prefill_chunks.size()]);
+          n = std::min<int64_t>(
+              n, s.spec->prefill_chunks[s.chunk_index++ % s.spec->prefill_chunks.size()]);
         }
       }
       worker::SeqStep step;
@@ -135,6 +136,24 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
 
 std::string SourcePath(const std::string& relative) {
   return absl::StrCat(RINGLANE_SOURCE_DIR, "/", relative);
+}
+
+absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
+    const std::string& model_path, const worker::KvPoolSpec& kv,
+    const worker::CpuBackendOptions& options) {
+  auto m = worker::LoadModel(model_path);
+  if (!m.ok()) return m.status();
+  auto b =
+      worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*m)), options);
+  if (absl::Status st = b->AllocateKvPool(kv); !st.ok()) return st;
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<worker::Backend>> MakeSyntheticBackend(
+    const worker::SyntheticModelOptions& o, const worker::KvPoolSpec& kv,
+    const worker::CpuBackendOptions& options) {
+  if (absl::Status st = worker::WriteSyntheticModel(o); !st.ok()) return st;
+  return MakeCpuBackend(o.out_dir, kv, options);
 }
 
 }  // namespace ringlane::testing

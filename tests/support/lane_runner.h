@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
+#include "worker/model/synthetic.h"
 #include "worker/sampler.h"
 
 namespace ringlane::testing {
@@ -57,6 +58,16 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
 
 // Path of a file under the repository root.
 std::string SourcePath(const std::string& relative);
+
+// Loads the model at `model_path` into a CPU backend with a KV pool.
+absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
+    const std::string& model_path, const worker::KvPoolSpec& kv,
+    const worker::CpuBackendOptions& options = {.threads = 2});
+
+// Writes the synthetic model `o` (to o.out_dir) and loads it as above.
+absl::StatusOr<std::unique_ptr<worker::Backend>> MakeSyntheticBackend(
+    const worker::SyntheticModelOptions& o, const worker::KvPoolSpec& kv,
+    const worker::CpuBackendOptions& options = {.threads = 2});
 
 }  // namespace ringlane::testing
 

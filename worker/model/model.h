@@ -79,7 +79,8 @@ struct Matrix {
   // Block scale for element (r, c) of this view; 1 when there is none.
   float ScaleAt(int64_t r, int64_t c) const {
     if (scale == nullptr) return 1.0f;
-    return scale[((row_offset + r) / kFp8BlockSize) * scale_cols + (col_offset + c) / kFp8BlockSize];
+    return scale[((row_offset + r) / kFp8BlockSize) * scale_cols +
+                 (col_offset + c) / kFp8BlockSize];
   }
 };
 
@@ -117,7 +118,7 @@ class MappedFile {
 
 struct ModelWeights {
   ModelConfig config;
-  Matrix embed;                   // [vocab, hidden]
+  Matrix embed;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   Matrix lm_head;                 // [vocab, hidden]; the embedding when tied

@@ -24,7 +24,8 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
   std::vector<float> inv(half);
   for (int i = 0; i < half; ++i) {
     // As llama2.c and Hugging Face compute it, in float.
-    float f = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
+    float f =
+        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
     const RopeScaling& s = c.rope_scaling;
     if (s.type == "linear") {
       f = f / s.factor;
@@ -36,7 +37,8 @@ std::vector<float> RopeInvFreq(const ModelConfig& c) {
       if (wavelen > low_wavelen) {
         f = f / s.factor;
       } else if (wavelen >= high_wavelen) {
-        float smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        float smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         f = (1.0f - smooth) * f / s.factor + smooth * f;
       }
     }
@@ -74,8 +76,8 @@ class CpuBackend final : public Backend {
   absl::Status ExportKvBlock(int32_t block, std::vector<uint8_t>* out) const override {
     if (!kv_) return absl::FailedPreconditionError("KV pool not allocated");
     if (block < 0 || block >= kv_spec_.num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("KV block ", block, " out of range [0, ",
-                                                     kv_spec_.num_blocks, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV block ", block, " out of range [0, ", kv_spec_.num_blocks, ")"));
     }
     const uint8_t* p = kv_->BlockData(block);
     out->assign(p, p + kv_->block_bytes());
@@ -85,8 +87,8 @@ class CpuBackend final : public Backend {
   absl::Status ImportKvBlock(int32_t block, absl::Span<const uint8_t> data) override {
     if (!kv_) return absl::FailedPreconditionError("KV pool not allocated");
     if (block < 0 || block >= kv_spec_.num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("KV block ", block, " out of range [0, ",
-                                                     kv_spec_.num_blocks, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV block ", block, " out of range [0, ", kv_spec_.num_blocks, ")"));
     }
     if (static_cast<int64_t>(data.size()) != kv_->block_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat("KV block payload is ", data.size(),
@@ -113,10 +115,10 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvCache> kv_;
 
   // Per-round buffers, kept between rounds to avoid reallocation.
-  std::vector<int64_t> positions_;   // [T]
-  std::vector<int> row_seq_;         // [T] sequence of each row
-  std::vector<int64_t> seq_row0_;    // first row of each sequence
-  std::vector<float> cos_, sin_;     // [T][head_dim / 2]
+  std::vector<int64_t> positions_;  // [T]
+  std::vector<int> row_seq_;        // [T] sequence of each row
+  std::vector<int64_t> seq_row0_;   // first row of each sequence
+  std::vector<float> cos_, sin_;    // [T][head_dim / 2]
   std::vector<float> x_, xb_, q_, k_, v_, att_, tmp_, gate_, up_;
   // Per-thread attention scratch.
   std::vector<std::vector<float>> kbuf_, vbuf_, scores_;
@@ -134,7 +136,8 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
     if (q.tokens.empty()) return bad("no tokens");
     if (q.start_position < 0) return bad("negative start position ", q.start_position);
     for (int32_t t : q.tokens) {
-      if (t < 0 || t >= cfg_.vocab) return bad("token id ", t, " outside vocabulary [0, ", cfg_.vocab, ")");
+      if (t < 0 || t >= cfg_.vocab)
+        return bad("token id ", t, " outside vocabulary [0, ", cfg_.vocab, ")");
     }
     const int64_t end = q.start_position + static_cast<int64_t>(q.tokens.size());
     if (end > static_cast<int64_t>(q.block_ids.size()) * bs) {
@@ -292,8 +295,9 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
     RmsNorm(x_.data(), w.attn_norm, xb_.data(), rows);
-    cpu::MatMulShared({{&w.wq, q_.data(), qdim}, {&w.wk, k_.data(), kvdim}, {&w.wv, v_.data(), kvdim}},
-                      xb_.data(), D, rows, &pool_, isa_);
+    cpu::MatMulShared(
+        {{&w.wq, q_.data(), qdim}, {&w.wk, k_.data(), kvdim}, {&w.wv, v_.data(), kvdim}},
+        xb_.data(), D, rows, &pool_, isa_);
     ApplyRope(q_.data(), qdim, cfg_.heads, rows);
     ApplyRope(k_.data(), kvdim, cfg_.kv_heads, rows);
     for (int64_t t = 0; t < T; ++t) {

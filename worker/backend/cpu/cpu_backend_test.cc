@@ -14,7 +14,8 @@ namespace {
 using ::testing::HasSubstr;
 
 std::shared_ptr<const ModelWeights> Stories() {
-  auto m = LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
+  auto m =
+      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
   EXPECT_TRUE(m.ok()) << m.status();
   return std::shared_ptr<const ModelWeights>(std::move(*m));
 }
@@ -142,7 +143,8 @@ TEST_P(ChunkingTest, LogitsIndependentOfPrefillChunking) {
     std::vector<std::vector<float>> rows;
     for (int at = 0; at < 40; at += chunk) {
       const int n = std::min(chunk, 40 - at);
-      SeqStep s = Seq(at, std::vector<int32_t>(toks.begin() + at, toks.begin() + at + n), {0, 1, 2});
+      SeqStep s =
+          Seq(at, std::vector<int32_t>(toks.begin() + at, toks.begin() + at + n), {0, 1, 2});
       s.logit_offsets.clear();
       for (int i = 0; i < n; ++i) s.logit_offsets.push_back(i);
       RoundInput in;

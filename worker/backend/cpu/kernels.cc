@@ -1,10 +1,10 @@
 #include "worker/backend/cpu/kernels.h"
 
-#include "worker/backend/cpu/attention_impl.h"
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "worker/backend/cpu/attention_impl.h"
 
 namespace ringlane::worker::cpu {
 
@@ -23,7 +23,9 @@ const char* IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
 
 namespace internal {
 
-float Hsum8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+float Hsum8(const float* a) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
 
 }  // namespace internal
 

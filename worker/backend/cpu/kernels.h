@@ -63,7 +63,7 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
 // Causal attention of query rows of one head against its K and V, already
 // converted to float, rows of `ldkv` floats for context positions 0, 1, ...
 struct AttendArgs {
-  const float* q;            // [rows][ldq]
+  const float* q;  // [rows][ldq]
   int64_t ldq;
   int rows;
   const int64_t* positions;  // per row: the row's own position; it sees [0, position]
@@ -71,8 +71,8 @@ struct AttendArgs {
   const float* v;
   int64_t ldkv;
   int head_dim;
-  float* scores;             // scratch, at least max position + 1 floats
-  float* out;                // [rows][ldo]
+  float* scores;  // scratch, at least max position + 1 floats
+  float* out;     // [rows][ldo]
   int64_t ldo;
 };
 void AttendHead(const AttendArgs& args, Isa isa);

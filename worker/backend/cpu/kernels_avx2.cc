@@ -184,7 +184,7 @@ void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
 template <DType D, int MR>
 void RowsInRegisters(const Matrix& w, const float* x, int64_t ldx, float* y, int64_t ldy,
                      int64_t n0, int64_t n1) {
-  constexpr int NR = MR <= 3 ? 4 : 3;
+  constexpr int NR = MR <= 3 ? 4 : (MR == 4 ? 3 : 2);
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) TileInRegisters<D, MR, NR>(w, n, x, ldx, y, ldy);
   for (; n < n1; ++n) TileInRegisters<D, MR, 1>(w, n, x, ldx, y, ldy);
@@ -193,7 +193,11 @@ void RowsInRegisters(const Matrix& w, const float* x, int64_t ldx, float* y, int
 template <DType D>
 void InRegisters(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1) {
+  // Up to 6 rows in one tile, so each weight is converted once per step for
+  // the usual decode batches; beyond that, tiles of 4.
   int m = 0;
+  if (M == 5) return RowsInRegisters<D, 5>(w, x, ldx, y, ldy, n0, n1);
+  if (M == 6) return RowsInRegisters<D, 6>(w, x, ldx, y, ldy, n0, n1);
   for (; m + 4 <= M; m += 4) RowsInRegisters<D, 4>(w, x + m * ldx, ldx, y + m * ldy, ldy, n0, n1);
   switch (M - m) {
     case 3:
@@ -214,7 +218,8 @@ template <int NR>
 void PanelColumns(const float* panel, int64_t ldp, int64_t K, int64_t n, const float* x,
                   int64_t ldx, int M, float* y, int64_t ldy) {
   int m = 0;
-  for (; m + 3 <= M; m += 3) TileFromPanel<3, NR>(panel, ldp, K, n, x + m * ldx, ldx, y + m * ldy, ldy);
+  for (; m + 3 <= M; m += 3)
+    TileFromPanel<3, NR>(panel, ldp, K, n, x + m * ldx, ldx, y + m * ldy, ldy);
   if (M - m == 2) TileFromPanel<2, NR>(panel, ldp, K, n, x + m * ldx, ldx, y + m * ldy, ldy);
   if (M - m == 1) TileFromPanel<1, NR>(panel, ldp, K, n, x + m * ldx, ldx, y + m * ldy, ldy);
 }
@@ -233,8 +238,10 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
     // Within the block: 3 x 4 tiles over all of x, so each panel row is read
     // from cache M/3 times and each x row once per 4 weight rows.
     int64_t j = 0;
-    for (; j + 4 <= rows; j += 4) PanelColumns<4>(panel.data() + j * ldp, ldp, K, nb + j, x, ldx, M, y, ldy);
-    for (; j < rows; ++j) PanelColumns<1>(panel.data() + j * ldp, ldp, K, nb + j, x, ldx, M, y, ldy);
+    for (; j + 4 <= rows; j += 4)
+      PanelColumns<4>(panel.data() + j * ldp, ldp, K, nb + j, x, ldx, M, y, ldy);
+    for (; j < rows; ++j)
+      PanelColumns<1>(panel.data() + j * ldp, ldp, K, nb + j, x, ldx, M, y, ldy);
   }
 }
 

@@ -63,7 +63,8 @@ TestMatrix MakeMatrix(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
   t.m.data = t.bytes.data();
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      t.expanded[r * cols + c] = LoadAsFloat(dt, t.m.Row(r), c) * (dt == DType::kFP8E4M3 ? t.m.ScaleAt(r, c) : 1.0f);
+      t.expanded[r * cols + c] =
+          LoadAsFloat(dt, t.m.Row(r), c) * (dt == DType::kFP8E4M3 ? t.m.ScaleAt(r, c) : 1.0f);
   return t;
 }
 
@@ -138,8 +139,7 @@ TEST_P(MatMulTest, DequantRowMatchesScalar) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, MatMulTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16,
-                                           DType::kFP8E4M3),
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kFP8E4M3),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 // A TP shard's rows may sit inside one 128-row scale block and its columns
@@ -176,13 +176,14 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
 
 TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
   const int hd = 36, n_ctx = 41;
-  std::vector<float> q = RandomX(n_ctx, hd, 1), k = RandomX(n_ctx, hd, 2), v = RandomX(n_ctx, hd, 3);
+  std::vector<float> q = RandomX(n_ctx, hd, 1), k = RandomX(n_ctx, hd, 2),
+                     v = RandomX(n_ctx, hd, 3);
   std::vector<int64_t> pos(n_ctx);
   for (int i = 0; i < n_ctx; ++i) pos[i] = i;
   std::vector<float> scores(n_ctx);
   auto run = [&](int first, int rows, Isa isa, float* out) {
-    AttendArgs a{q.data() + first * hd, hd, rows, pos.data() + first, k.data(), v.data(), hd,
-                 hd, scores.data(), out, hd};
+    AttendArgs a{q.data() + first * hd, hd,  rows, pos.data() + first, k.data(), v.data(), hd, hd,
+                 scores.data(),         out, hd};
     AttendHead(a, isa);
   };
   std::vector<float> all(n_ctx * hd), one(n_ctx * hd), scalar(n_ctx * hd);
