@@ -53,10 +53,9 @@ TEST(StatusGrpcTest, OutOfRangeCodesBecomeUnknown) {
   const grpc::Status wire = ToGrpcStatus(odd);
   EXPECT_EQ(wire.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(wire.error_message(), "odd");
-
-  const absl::Status back = FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(99), "x"));
-  EXPECT_EQ(back.code(), absl::StatusCode::kUnknown);
-  EXPECT_EQ(back.message(), "x");
+  // The other direction cannot be tested: grpc::Status copies its code as the
+  // enum type, and a value outside the enum is undefined behaviour (UBSan
+  // stops the test), so FromGrpcStatus's range check is only a guard.
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ struct Variant {
   const char* name;
   int threads;
   bool scalar;
+  bool allow_avx512;
 };
 
 class GoldenTest : public ::testing::TestWithParam<Variant> {};
@@ -46,6 +47,7 @@ TEST_P(GoldenTest, EveryCaseReproducesTheReferenceTokens) {
   worker::CpuBackendOptions opt;
   opt.threads = GetParam().threads;
   opt.force_scalar = GetParam().scalar;
+  opt.allow_avx512 = GetParam().allow_avx512;
   auto backend = testing::MakeCpuBackend(SourcePath("deploy/models/stories260K/stories260K.bin"),
                                          {64, 16, worker::DType::kF32}, opt);
   ASSERT_TRUE(backend.ok()) << backend.status();
@@ -73,9 +75,10 @@ TEST_P(GoldenTest, EveryCaseReproducesTheReferenceTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GoldenTest,
-                         ::testing::Values(Variant{"avx2_1thread", 1, false},
-                                           Variant{"avx2_2threads", 2, false},
-                                           Variant{"scalar", 1, true}),
+                         ::testing::Values(Variant{"best_1thread", 1, false, true},
+                                           Variant{"best_2threads", 2, false, true},
+                                           Variant{"avx2_2threads", 2, false, false},
+                                           Variant{"scalar", 1, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "worker/backend/backend.h"
+#include "worker/backend/cpu/kernels.h"
 #include "worker/model/model.h"
 
 ABSL_FLAG(std::string, model, "", "model to benchmark (HF directory or llama2.c .bin)");
@@ -35,6 +36,8 @@ ABSL_FLAG(int, batch, 5, "sequences in the batched decode measurement");
 ABSL_FLAG(int, prefill_tokens, 512, "prompt length for the prefill measurement");
 ABSL_FLAG(int, bandwidth_mb, 1024, "buffer size for the bandwidth kernel, MiB");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON to this file");
+ABSL_FLAG(int, spin_us, 50, "how long idle engine threads spin before blocking");
+ABSL_FLAG(std::string, isa, "best", "kernels: best (AVX-512 where present), avx2, or scalar");
 
 namespace {
 
@@ -107,6 +110,19 @@ __attribute__((target("avx2,fma"))) float FmaKernel(int64_t iters) {
   _mm256_store_ps(o, s);
   return o[0];
 }
+
+// The same with 512-bit registers (16 lanes).
+__attribute__((target("avx512f"))) float FmaKernel512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, c);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
 #else
 float ReadKernel(const float* p, size_t n) {
   float s = 0;
@@ -114,6 +130,7 @@ float ReadKernel(const float* p, size_t n) {
   return s;
 }
 float FmaKernel(int64_t iters) { return 0.0f; }
+float FmaKernel512(int64_t iters) { return 0.0f; }
 #endif
 
 // Read bandwidth in GB/s (1e9 bytes), best of several passes.
@@ -135,14 +152,17 @@ double MeasureBandwidth(int threads, size_t bytes) {
   return best;
 }
 
-// AVX2 FMA peak in GFLOP/s (2 flops per lane).
-double MeasureFmaPeak(int threads) {
+// FMA peak in GFLOP/s (2 flops per lane) with 8-lane (AVX2) or 16-lane
+// (AVX-512) registers.
+double MeasureFmaPeak(int threads, int lanes) {
   const int64_t iters = 20'000'000;
   double best = 0;
   std::atomic<float> sink{0};
   for (int pass = 0; pass < 3; ++pass) {
-    double s = RunThreads(threads, [&](int) { sink.store(sink.load() + FmaKernel(iters)); });
-    best = std::max(best, threads * iters * 12.0 * 8 * 2 / s / 1e9);
+    double s = RunThreads(threads, [&](int) {
+      sink.store(sink.load() + (lanes == 16 ? FmaKernel512(iters) : FmaKernel(iters)));
+    });
+    best = std::max(best, threads * iters * 12.0 * lanes * 2 / s / 1e9);
   }
   return best;
 }
@@ -224,6 +244,9 @@ std::unique_ptr<rw::Backend> MakeBackend(std::shared_ptr<const rw::ModelWeights>
                                          int blocks) {
   rw::CpuBackendOptions o;
   o.threads = threads;
+  o.spin_us = absl::GetFlag(FLAGS_spin_us);
+  o.allow_avx512 = absl::GetFlag(FLAGS_isa) == "best";
+  o.force_scalar = absl::GetFlag(FLAGS_isa) == "scalar";
   auto b = rw::CreateCpuBackend(std::move(m), o);
   if (absl::Status st = b->AllocateKvPool({blocks, 16, rw::DType::kF32}); !st.ok()) {
     Die(std::string(st.message()));
@@ -253,6 +276,15 @@ int main(int argc, char** argv) {
   if (max_threads < 1 || steps < 1 || batch < 1 || prefill < 1) {
     Die("--threads, --decode_steps, --batch and --prefill_tokens must be positive");
   }
+  const std::string isa_flag = absl::GetFlag(FLAGS_isa);
+  if (isa_flag != "best" && isa_flag != "avx2" && isa_flag != "scalar") {
+    Die("--isa must be best, avx2 or scalar");
+  }
+  const ringlane::worker::cpu::Isa isa = isa_flag == "scalar"
+                                             ? ringlane::worker::cpu::Isa::kScalar
+                                             : ringlane::worker::cpu::DetectIsa(isa_flag == "best");
+  // The peak the kernels in use can reach: 16-lane FMAs for AVX-512, else 8.
+  const int peak_lanes = isa == ringlane::worker::cpu::Isa::kAvx512 ? 16 : 8;
   std::vector<int> thread_counts = {1};
   if (max_threads > 1) thread_counts.push_back(max_threads);
 
@@ -280,7 +312,7 @@ int main(int argc, char** argv) {
     Progress(absl::StrFormat("%d thread(s): memory read bandwidth", t));
     r.bw = MeasureBandwidth(t, bw_bytes);
     Progress(absl::StrFormat("%d thread(s): FMA peak", t));
-    r.peak = MeasureFmaPeak(t);
+    r.peak = MeasureFmaPeak(t, peak_lanes);
     Progress(absl::StrFormat("%d thread(s): single-stream decode", t));
     auto b = MakeBackend(model, t, 64);
     std::vector<Lane> one = MakeLanes(1, 16 + steps + 8);

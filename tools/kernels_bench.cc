@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "worker/aligned.h"
 #include "worker/backend/cpu/kernels.h"
 
 namespace {
@@ -66,10 +67,12 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 
 void BM_MatMul(benchmark::State& state, rw::DType dt) {
   const int M = static_cast<int>(state.range(0));
+  // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
+  const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
+  state.SetLabel(ringlane::worker::cpu::IsaName(isa));
   const int64_t N = 5632, K = 2048;
   Weights w = Make(dt, N, K);
-  std::vector<float> x(M * K, 0.5f), y(M * N);
-  const auto isa = ringlane::worker::cpu::DetectIsa();
+  rw::AlignedFloats x(M * K, 0.5f), y(M * N);
   for (auto _ : state) {
     ringlane::worker::cpu::MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa);
     benchmark::DoNotOptimize(y.data());
@@ -80,19 +83,14 @@ void BM_MatMul(benchmark::State& state, rw::DType dt) {
 }
 
 BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3)
-    ->Arg(1)
-    ->Arg(4)
-    ->Arg(5)
-    ->Arg(6)
-    ->Arg(8)
-    ->Arg(64)
+    ->ArgsProduct({{1, 4, 5, 8, 64, 512}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16)
-    ->Arg(1)
-    ->Arg(5)
-    ->Arg(64)
+    ->ArgsProduct({{1, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32)->Arg(1)->Arg(64)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32)
+    ->ArgsProduct({{1, 64}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

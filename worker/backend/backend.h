@@ -49,8 +49,11 @@ class Backend {
 
 struct CpuBackendOptions {
   int threads = 1;
-  // Use the portable scalar kernels even where AVX2 is available (tests).
+  // Use the portable scalar kernels even where vector ones are available (tests).
   bool force_scalar = false;
+  // Use AVX-512 kernels where the CPU has them; false stops at AVX2 (same
+  // results, for side-by-side measurements).
+  bool allow_avx512 = true;
   // How long idle pool threads spin before blocking.
   int spin_us = 50;
 };

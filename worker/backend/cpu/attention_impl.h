@@ -9,7 +9,10 @@
 
 #include "worker/backend/cpu/kernels.h"
 
+// Anonymous: each including file compiles its own copy with its own flags, so
+// the AVX2 build of this code can never be linked into the scalar path.
 namespace ringlane::worker::cpu::internal {
+namespace {
 
 // The fixed 8-lane dot product of kernels.h.
 inline float DotImpl(const float* a, const float* b, int64_t n) {
@@ -53,6 +56,7 @@ inline void AttendHeadImpl(const AttendArgs& a) {
   }
 }
 
+}  // namespace
 }  // namespace ringlane::worker::cpu::internal
 
 #endif  // RINGLANE_WORKER_BACKEND_CPU_ATTENTION_IMPL_H_

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/aligned.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/kernels.h"
 #include "worker/thread_pool.h"
@@ -52,7 +53,7 @@ class CpuBackend final : public Backend {
   CpuBackend(std::shared_ptr<const ModelWeights> model, const CpuBackendOptions& options)
       : model_(std::move(model)),
         cfg_(model_->config),
-        isa_(options.force_scalar ? Isa::kScalar : cpu::DetectIsa()),
+        isa_(options.force_scalar ? Isa::kScalar : cpu::DetectIsa(options.allow_avx512)),
         pool_(options.threads, options.spin_us),
         inv_freq_(RopeInvFreq(cfg_)) {}
 
@@ -119,7 +120,7 @@ class CpuBackend final : public Backend {
   std::vector<int> row_seq_;        // [T] sequence of each row
   std::vector<int64_t> seq_row0_;   // first row of each sequence
   std::vector<float> cos_, sin_;    // [T][head_dim / 2]
-  std::vector<float> x_, xb_, q_, k_, v_, att_, tmp_, gate_, up_;
+  AlignedFloats x_, xb_, q_, k_, v_, att_, tmp_, gate_, up_;
   // Per-thread attention scratch.
   std::vector<std::vector<float>> kbuf_, vbuf_, scores_;
 };
@@ -332,7 +333,7 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   }
   if (want.empty()) return out;
   const int R = static_cast<int>(want.size());
-  std::vector<float> picked(static_cast<size_t>(R) * D), normed(static_cast<size_t>(R) * D);
+  AlignedFloats picked(static_cast<size_t>(R) * D), normed(static_cast<size_t>(R) * D);
   for (int r = 0; r < R; ++r) {
     std::memcpy(picked.data() + int64_t{r} * D, x_.data() + want[r] * D, D * sizeof(float));
   }

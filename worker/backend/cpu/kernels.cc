@@ -8,20 +8,46 @@
 
 namespace ringlane::worker::cpu {
 
-Isa DetectIsa() {
+Isa DetectIsa(bool allow_avx512) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
+#if defined(RINGLANE_HAVE_AVX512_KERNELS)
+    if (allow_avx512 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+#endif
     return Isa::kAvx2;
   }
 #endif
   return Isa::kScalar;
 }
 
-const char* IsaName(Isa isa) { return isa == Isa::kAvx2 ? "avx2" : "scalar"; }
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (DetectIsa(false) == Isa::kAvx2) isas.push_back(Isa::kAvx2);
+  if (DetectIsa(true) == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  return isas;
+}
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kScalar:
+      return "scalar";
+  }
+  return "?";
+}
 
 namespace internal {
+
+float Hsum16(const float* a) {
+  float s[8];
+  for (int l = 0; l < 8; ++l) s[l] = a[l] + a[l + 8];
+  return Hsum8(s);
+}
 
 float Hsum8(const float* a) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
@@ -46,19 +72,19 @@ namespace internal {
 void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1) {
   const int64_t K = w.cols;
-  const int64_t K8 = K & ~int64_t{7};
+  const int64_t K16 = K & ~int64_t{15};
   std::vector<float> wrow(static_cast<size_t>(K));
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.Row(n);
     for (int64_t k = 0; k < K; ++k) wrow[k] = WeightAt(w, row, n, k);
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * ldx;
-      float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t k = 0; k < K8; k += 8) {
-        for (int l = 0; l < 8; ++l) a[l] = std::fma(wrow[k + l], xm[k + l], a[l]);
+      float a[16] = {};
+      for (int64_t k = 0; k < K16; k += 16) {
+        for (int l = 0; l < 16; ++l) a[l] = std::fma(wrow[k + l], xm[k + l], a[l]);
       }
-      for (int64_t k = K8; k < K; ++k) a[k - K8] = std::fma(wrow[k], xm[k], a[k - K8]);
-      y[m * ldy + n] = Hsum8(a);
+      for (int64_t k = K16; k < K; ++k) a[k - K16] = std::fma(wrow[k], xm[k], a[k - K16]);
+      y[m * ldy + n] = Hsum16(a);
     }
   }
 }
@@ -67,9 +93,19 @@ void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, floa
 
 void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1, Isa isa, int force_path) {
+  // The vector kernels step 16 columns at a time from the view's first column;
+  // a view starting mid-step (never made by our sharding) takes the scalar path,
+  // which computes the same sums.
+  const bool aligned = w.col_offset % 16 == 0;
+  const bool panel = force_path == 0 ? M > kPanelMinRows : force_path == 2;
+#if defined(RINGLANE_HAVE_AVX512_KERNELS)
+  if (isa == Isa::kAvx512 && aligned) {
+    internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1, panel);
+    return;
+  }
+#endif
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if (isa == Isa::kAvx2) {
-    bool panel = force_path == 0 ? M > kPanelMinRows : force_path == 2;
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
     internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1, panel);
     return;
   }
@@ -82,7 +118,7 @@ void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, i
   if (M <= 0) return;
   // Blocks of output rows: small enough to balance two threads, large enough
   // to amortize the panel; a multiple of 4 to fill the kernels' row tiles.
-  const int64_t block = M > kPanelMinRows ? 16 : 32;
+  const int64_t block = M > kPanelMinRows ? 16 : 128;
   std::vector<std::pair<const MatMulOutput*, int64_t>> tasks;  // (output, first row)
   for (const MatMulOutput& o : outputs) {
     for (int64_t n0 = 0; n0 < o.w->rows; n0 += block) tasks.push_back({&o, n0});
@@ -105,8 +141,15 @@ void MatMul(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64
 }
 
 void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
+  const bool aligned = w.col_offset % 16 == 0;
+#if defined(RINGLANE_HAVE_AVX512_KERNELS)
+  if (isa == Isa::kAvx512 && aligned) {
+    internal::DequantRowAvx512(w, r, out);
+    return;
+  }
+#endif
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if (isa == Isa::kAvx2) {
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
     internal::DequantRowAvx2(w, r, out);
     return;
   }
@@ -117,7 +160,7 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
 
 void AttendHead(const AttendArgs& args, Isa isa) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
     internal::AttendHeadAvx2(args);
     return;
   }

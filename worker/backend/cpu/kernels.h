@@ -3,16 +3,18 @@
 // The one rule every kernel here keeps is a fixed reduction order per output
 // element, whatever the number of rows in the round or the path taken:
 //
-//   y[m][n] = hsum(a), where a is 8 float lanes; lane l accumulates, with
+//   y[m][n] = hsum16(a), where a is 16 float lanes; lane l accumulates, with
 //   fused multiply-adds in increasing k, w'[n][k] * x[m][k] for every k with
-//   k % 8 == l and k < K8 = K & ~7; then the tail k in [K8, K) adds into lane
-//   k - K8; hsum(a) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
+//   k % 16 == l and k < K16 = K & ~15; then the tail k in [K16, K) adds into
+//   lane k - K16; hsum16(a) = hsum8(s) with s[l] = a[l] + a[l + 8], and
+//   hsum8(s) = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
 //
 // w' is the stored weight converted to float; for FP8 it is multiplied by its
 // 128x128 block scale right at conversion, for every element, in every kernel.
-// The AVX2 paths (in registers for a few rows, through a float panel for many)
-// and the scalar fallback all follow this definition, so they agree bit for
-// bit; that is what keeps a lane's output independent of its round-mates.
+// The vector paths (AVX-512: one register of 16 lanes; AVX2: two of 8; each in
+// registers for a few rows and through a float panel for many) and the scalar
+// fallback all follow this definition, so they agree bit for bit; that is what
+// keeps a lane's output independent of its round-mates.
 //
 // Thread-safe: kernels only read the weights and write their own outputs.
 #ifndef RINGLANE_WORKER_BACKEND_CPU_KERNELS_H_
@@ -20,16 +22,20 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "worker/model/model.h"
 #include "worker/thread_pool.h"
 
 namespace ringlane::worker::cpu {
 
-enum class Isa { kScalar, kAvx2 };
+enum class Isa { kScalar, kAvx2, kAvx512 };
 
-// The best instruction set this CPU and build support.
-Isa DetectIsa();
+// The best instruction set this CPU and build support; `allow_avx512` false
+// stops at AVX2 (for side-by-side measurements).
+Isa DetectIsa(bool allow_avx512 = true);
+// Every instruction set this CPU and build can run, scalar first.
+std::vector<Isa> SupportedIsas();
 const char* IsaName(Isa isa);
 
 // Rows at or below this count use the in-register kernels; above it the weights
@@ -84,7 +90,13 @@ void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float*
                      int64_t n0, int64_t n1, bool use_panel);
 void DequantRowAvx2(const Matrix& w, int64_t r, float* out);
 float Hsum8(const float* a);
+// The final sum of the 16 lanes of the matmul order above. Out of line, like
+// Hsum8, so every instruction-set file calls the same portable code.
+float Hsum16(const float* a);
 void AttendHeadAvx2(const AttendArgs& args);
+void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                       int64_t n0, int64_t n1, bool use_panel);
+void DequantRowAvx512(const Matrix& w, int64_t r, float* out);
 }  // namespace internal
 
 }  // namespace ringlane::worker::cpu

@@ -86,7 +86,7 @@ class MatMulTest : public ::testing::TestWithParam<DType> {};
 // bits for a row as that row alone: the kernel-level form of batch invariance.
 TEST_P(MatMulTest, AllPathsAndRowCountsAgreeBitForBit) {
   const DType dt = GetParam();
-  const int64_t N = 37, K = 300;  // odd rows; K crosses two 128-blocks and has a tail
+  const int64_t N = 37, K = 300;  // odd rows; K crosses two 128-blocks and has a 12-column tail
   TestMatrix w = MakeMatrix(dt, N, K, 7);
   const int kMaxM = 13;
   std::vector<float> x = RandomX(kMaxM, K, 11);
@@ -103,13 +103,14 @@ TEST_P(MatMulTest, AllPathsAndRowCountsAgreeBitForBit) {
       ASSERT_NEAR(solo[m * N + n], ref, 1e-4 * (std::fabs(ref) + 10.0)) << m << "," << n;
     }
   }
-  const Isa isa = DetectIsa();
-  for (int M = 1; M <= kMaxM; ++M) {
-    for (int path = 0; path <= 2; ++path) {
-      std::vector<float> y(M * N, -1.0f);
-      MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa, path);
-      std::vector<float> want(solo.begin(), solo.begin() + M * N);
-      ASSERT_TRUE(SameBits(y, want)) << "M=" << M << " path=" << path << " isa=" << IsaName(isa);
+  for (Isa isa : SupportedIsas()) {
+    for (int M = 1; M <= kMaxM; ++M) {
+      for (int path = 0; path <= 2; ++path) {
+        std::vector<float> y(M * N, -1.0f);
+        MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa, path);
+        std::vector<float> want(solo.begin(), solo.begin() + M * N);
+        ASSERT_TRUE(SameBits(y, want)) << "M=" << M << " path=" << path << " isa=" << IsaName(isa);
+      }
     }
   }
 }
@@ -119,22 +120,26 @@ TEST_P(MatMulTest, ThreadedMatMulEqualsSerial) {
   TestMatrix w = MakeMatrix(dt, 300, 136, 3);
   std::vector<float> x = RandomX(20, 136, 5);
   ThreadPool pool(3);
-  for (int M : {1, 5, 20}) {
-    std::vector<float> a(M * 300), b(M * 300);
-    MatMul(w.m, x.data(), 136, M, a.data(), 300, &pool, DetectIsa());
-    MatMul(w.m, x.data(), 136, M, b.data(), 300, nullptr, Isa::kScalar);
-    EXPECT_TRUE(SameBits(a, b)) << M;
+  for (Isa isa : SupportedIsas()) {
+    for (int M : {1, 5, 20}) {
+      std::vector<float> a(M * 300), b(M * 300);
+      MatMul(w.m, x.data(), 136, M, a.data(), 300, &pool, isa);
+      MatMul(w.m, x.data(), 136, M, b.data(), 300, nullptr, Isa::kScalar);
+      EXPECT_TRUE(SameBits(a, b)) << M << " " << IsaName(isa);
+    }
   }
 }
 
 TEST_P(MatMulTest, DequantRowMatchesScalar) {
   TestMatrix w = MakeMatrix(GetParam(), 5, 261, 9);
-  for (int64_t r = 0; r < 5; ++r) {
-    std::vector<float> a(261), b(261);
-    DequantRow(w.m, r, a.data(), DetectIsa());
-    DequantRow(w.m, r, b.data(), Isa::kScalar);
-    EXPECT_TRUE(SameBits(a, b));
-    EXPECT_TRUE(std::memcmp(a.data(), w.expanded.data() + r * 261, 261 * 4) == 0);
+  for (Isa isa : SupportedIsas()) {
+    for (int64_t r = 0; r < 5; ++r) {
+      std::vector<float> a(261), b(261);
+      DequantRow(w.m, r, a.data(), isa);
+      DequantRow(w.m, r, b.data(), Isa::kScalar);
+      EXPECT_TRUE(SameBits(a, b)) << IsaName(isa);
+      EXPECT_TRUE(std::memcmp(a.data(), w.expanded.data() + r * 261, 261 * 4) == 0);
+    }
   }
 }
 
@@ -156,10 +161,12 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
   rows.data = full.m.Row(96);
   rows.rows = 64;
   rows.row_offset = 96;
-  std::vector<float> y_rows(3 * 64);
-  MatMulRange(rows, x.data(), K, 3, y_rows.data(), 64, 0, 64, DetectIsa());
-  for (int m = 0; m < 3; ++m)
-    for (int n = 0; n < 64; ++n) EXPECT_EQ(y_rows[m * 64 + n], y_full[m * N + 96 + n]);
+  for (Isa isa : SupportedIsas()) {
+    std::vector<float> y_rows(3 * 64);
+    MatMulRange(rows, x.data(), K, 3, y_rows.data(), 64, 0, 64, isa);
+    for (int m = 0; m < 3; ++m)
+      for (int n = 0; n < 64; ++n) ASSERT_EQ(y_rows[m * 64 + n], y_full[m * N + 96 + n]);
+  }
 
   // Columns [128, 384) of every row: the partial sums differ from the full
   // ones, so compare with the expanded weights directly.
@@ -168,9 +175,11 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
   cols.cols = 256;
   cols.col_offset = 128;
   std::vector<float> deq(256);
-  for (int64_t r : {0, 130, 255}) {
-    DequantRow(cols, r, deq.data(), DetectIsa());
-    for (int c = 0; c < 256; ++c) ASSERT_EQ(deq[c], full.expanded[r * K + 128 + c]);
+  for (Isa isa : SupportedIsas()) {
+    for (int64_t r : {0, 130, 255}) {
+      DequantRow(cols, r, deq.data(), isa);
+      for (int c = 0; c < 256; ++c) ASSERT_EQ(deq[c], full.expanded[r * K + 128 + c]);
+    }
   }
 }
 

@@ -1,0 +1,301 @@
+// The vector matmul kernels, written once over a "V" of 16 float lanes and
+// compiled twice: kernels_avx2.cc (V = two 256-bit registers) and
+// kernels_avx512.cc (V = one 512-bit register). Both realize exactly the
+// reduction order of kernels.h, so they agree bit for bit with each other and
+// with the scalar path. Internal to those two files.
+//
+// V provides:
+//   Vec                          16 floats in registers
+//   Scale                        a broadcast FP8 block scale
+//   Vec Zero(); Scale SetScale(float);
+//   Vec LoadF(const float* p)    p[0..16)
+//   template <DType D> Vec LoadW(const uint8_t* row, int64_t k, Scale s)
+//                                columns [k, k+16) converted; for FP8 times s,
+//                                where s is the block scale times kRebias
+//   Vec Fma(Vec w, Vec x, Vec acc)  lane-wise fused multiply-add
+//   void Store(Vec v, float* p)
+//   constexpr int NrFor(int mr)  weight rows per in-register tile of mr rows
+//   constexpr int kPanelMR, kPanelNR
+#ifndef RINGLANE_WORKER_BACKEND_CPU_KERNELS_SIMD_H_
+#define RINGLANE_WORKER_BACKEND_CPU_KERNELS_SIMD_H_
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "worker/aligned.h"
+#include "worker/backend/cpu/kernels.h"
+
+// An anonymous namespace: each including file gets its own copy, compiled
+// with its own instruction set flags, so the linker can never hand one file's
+// AVX-512 code to another's callers.
+namespace ringlane::worker::cpu::internal::simd {
+namespace {
+
+// E4M3 values come out of LoadW scaled by the inverse of this (see the FP8
+// conversion in the V types): one rounding of (value / 256) * (scale * 256)
+// equals the scalar value * scale.
+inline constexpr float kRebias = 256.0f;
+
+// Scalar conversion of one element, equal to what LoadW yields for it.
+inline float ScalarWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
+  float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  if (w.dtype == DType::kFP8E4M3) v = v * w.ScaleAt(r, c);
+  return v;
+}
+
+// End of the run of columns starting at k that share one FP8 scale column.
+// With col_offset % 16 == 0 (checked by the caller) runs are whole 16-column
+// steps.
+inline int64_t ScaleRunEnd(const Matrix& w, int64_t k, int64_t limit) {
+  const int64_t global = w.col_offset + k;
+  const int64_t next = (global / kFp8BlockSize + 1) * kFp8BlockSize - w.col_offset;
+  return std::min(next, limit);
+}
+
+// The tail columns and the final sum of one output, from its 16 lanes.
+inline float Finish(float* a, const float* wrow_or_null, const Matrix* w, const uint8_t* row,
+                    int64_t r, const float* xm, int64_t K16, int64_t K) {
+  for (int64_t t = K16; t < K; ++t) {
+    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : ScalarWeight(*w, row, r, t);
+    a[t - K16] = std::fma(wv, xm[t], a[t - K16]);
+  }
+  // Hsum16 of kernels.h, the same additions in the same tree, inlined here:
+  // prefill finishes hundreds of millions of outputs.
+  float h[8];
+  for (int l = 0; l < 8; ++l) h[l] = a[l] + a[l + 8];
+  return ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));
+}
+
+// MR rows of x against NR consecutive weight rows starting at n, converting
+// the weights in registers.
+template <class V, DType D, int MR, int NR>
+void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y,
+                     int64_t ldy) {
+  const int64_t K = w.cols;
+  const int64_t K16 = K & ~int64_t{15};
+  typename V::Vec acc[MR][NR];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::Zero();
+  const uint8_t* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = w.Row(n + j);
+  constexpr int64_t kElemBytes = D == DType::kF32 ? 4 : (D == DType::kFP8E4M3 ? 1 : 2);
+  // Byte distance to the same row of the next tile; prefetching past the end
+  // of the matrix is harmless (prefetches never fault).
+  const int64_t next_tile = NR * w.row_stride_bytes;
+
+  // One flat loop (a nested loop per scale run made GCC keep the
+  // accumulators in memory); the FP8 scales change at 128-column edges.
+  typename V::Scale s[NR];
+  for (int j = 0; j < NR; ++j) s[j] = V::SetScale(0.0f);
+  int64_t next_run = 0;
+  for (int64_t k = 0; k < K16; k += 16) {
+    if constexpr (D == DType::kFP8E4M3) {
+      if (k == next_run) {
+        for (int j = 0; j < NR; ++j) s[j] = V::SetScale(w.ScaleAt(n + j, k) * kRebias);
+        next_run = ScaleRunEnd(w, k, K16);
+      }
+    }
+    // Rows are short streams (a few KB) that the hardware prefetcher barely
+    // catches; fetch the same columns of the next tile's rows meanwhile.
+    if ((k * kElemBytes) % 64 == 0) {
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + k * kElemBytes);
+    }
+    typename V::Vec xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = V::LoadF(x + m * ldx + k);
+    for (int j = 0; j < NR; ++j) {
+      const typename V::Vec wv = V::template LoadW<D>(rows[j], k, s[j]);
+      for (int m = 0; m < MR; ++m) acc[m][j] = V::Fma(wv, xv[m], acc[m][j]);
+    }
+  }
+  for (int j = 0; j < NR; ++j) {
+    for (int m = 0; m < MR; ++m) {
+      alignas(64) float a[16];
+      V::Store(acc[m][j], a);
+      y[m * ldy + n + j] = Finish(a, nullptr, &w, rows[j], n + j, x + m * ldx, K16, K);
+    }
+  }
+}
+
+// The same sums from a panel of already converted weights (NR rows of ldp
+// floats), for columns [k0, k1) only: the lane accumulators start from `accs`
+// (or zero when `first`) and are stored back there, which changes no value, so
+// the order is that of one pass over all columns.
+// accs[(m * kPanelRows + j) * 16 ...] holds the 16 lanes of (row m, weight row j).
+template <class V, int MR, int NR>
+void TileFromPanel(const float* panel, int64_t ldp, int64_t k0, int64_t k1, const float* x,
+                   int64_t ldx, float* accs, int64_t acc_row_stride, bool first) {
+  typename V::Vec acc[MR][NR];
+  for (int m = 0; m < MR; ++m) {
+    for (int j = 0; j < NR; ++j) {
+      acc[m][j] = first ? V::Zero() : V::LoadF(accs + m * acc_row_stride + j * 16);
+    }
+  }
+  for (int64_t k = k0; k < k1; k += 16) {
+    typename V::Vec xv[MR];
+    for (int m = 0; m < MR; ++m) xv[m] = V::LoadF(x + m * ldx + k);
+    for (int j = 0; j < NR; ++j) {
+      const typename V::Vec wv = V::LoadF(panel + j * ldp + k);
+      for (int m = 0; m < MR; ++m) acc[m][j] = V::Fma(wv, xv[m], acc[m][j]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NR; ++j) V::Store(acc[m][j], accs + m * acc_row_stride + j * 16);
+}
+
+template <class V, DType D>
+void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
+  const int64_t K = w.cols;
+  const int64_t K16 = K & ~int64_t{15};
+  const uint8_t* row = w.Row(r);
+  int64_t k = 0;
+  while (k < K16) {
+    int64_t end = K16;
+    typename V::Scale s = V::SetScale(0.0f);
+    if constexpr (D == DType::kFP8E4M3) {
+      end = ScaleRunEnd(w, k, K16);
+      s = V::SetScale(w.ScaleAt(r, k) * kRebias);
+    }
+    for (; k < end; k += 16) V::Store(V::template LoadW<D>(row, k, s), out + k);
+  }
+  for (int64_t t = K16; t < K; ++t) out[t] = ScalarWeight(w, row, r, t);
+}
+
+template <class V, DType D, int MR>
+void RowsInRegisters(const Matrix& w, const float* x, int64_t ldx, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1) {
+  constexpr int NR = V::NrFor(MR);
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) TileInRegisters<V, D, MR, NR>(w, n, x, ldx, y, ldy);
+  for (; n < n1; ++n) TileInRegisters<V, D, MR, 1>(w, n, x, ldx, y, ldy);
+}
+
+// Up to 6 rows in one tile, so each weight is converted once per step for the
+// usual decode batches; beyond that, tiles of 4.
+template <class V, DType D>
+void InRegisters(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1) {
+  int m = 0;
+  if (M > 6) {
+    for (; M - m > 6; m += 4)
+      RowsInRegisters<V, D, 4>(w, x + m * ldx, ldx, y + m * ldy, ldy, n0, n1);
+  }
+  const float* xm = x + m * ldx;
+  float* ym = y + m * ldy;
+  switch (M - m) {
+    case 6:
+      return RowsInRegisters<V, D, 6>(w, xm, ldx, ym, ldy, n0, n1);
+    case 5:
+      return RowsInRegisters<V, D, 5>(w, xm, ldx, ym, ldy, n0, n1);
+    case 4:
+      return RowsInRegisters<V, D, 4>(w, xm, ldx, ym, ldy, n0, n1);
+    case 3:
+      return RowsInRegisters<V, D, 3>(w, xm, ldx, ym, ldy, n0, n1);
+    case 2:
+      return RowsInRegisters<V, D, 2>(w, xm, ldx, ym, ldy, n0, n1);
+    case 1:
+      return RowsInRegisters<V, D, 1>(w, xm, ldx, ym, ldy, n0, n1);
+    default:
+      return;
+  }
+}
+
+inline constexpr int64_t kPanelRows = 16;   // weight rows converted per panel
+inline constexpr int64_t kPanelCols = 512;  // columns per pass, so a pass's data stays in L1
+
+// All M rows of x against NR panel rows for columns [k0, k1): full tiles of MR
+// rows, then the rest with smaller tiles.
+template <class V, int NR, int MR>
+void PanelRows(const float* panel, int64_t ldp, int64_t k0, int64_t k1, const float* x, int64_t ldx,
+               int m, int M, float* accs, bool first) {
+  constexpr int64_t stride = kPanelRows * 16;
+  for (; m + MR <= M; m += MR) {
+    TileFromPanel<V, MR, NR>(panel, ldp, k0, k1, x + m * ldx, ldx, accs + m * stride, stride,
+                             first);
+  }
+  if constexpr (MR > 1) {
+    if (m < M) PanelRows<V, NR, MR - 1>(panel, ldp, k0, k1, x, ldx, m, M, accs, first);
+  }
+}
+
+template <class V, DType D>
+void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                  int64_t n0, int64_t n1) {
+  constexpr int NR = V::kPanelNR;
+  const int64_t K = w.cols;
+  const int64_t K16 = K & ~int64_t{15};
+  const int64_t ldp = (K + 15) & ~int64_t{15};
+  thread_local AlignedFloats panel, accs;
+  if (panel.size() < static_cast<size_t>(kPanelRows * ldp)) panel.resize(kPanelRows * ldp);
+  if (accs.size() < static_cast<size_t>(M * kPanelRows * 16)) accs.resize(M * kPanelRows * 16);
+  for (int64_t nb = n0; nb < n1; nb += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, n1 - nb);
+    for (int64_t j = 0; j < rows; ++j) DequantRowTyped<V, D>(w, nb + j, panel.data() + j * ldp);
+    if (K16 == 0) std::fill(accs.begin(), accs.begin() + M * kPanelRows * 16, 0.0f);
+    // Column passes of kPanelCols: within one, the panel slice (16 rows) and
+    // an x tile stay in L1 while MR x NR tiles sweep all of x.
+    for (int64_t k0 = 0; k0 < K16; k0 += kPanelCols) {
+      const int64_t k1 = std::min(K16, k0 + kPanelCols);
+      int64_t j = 0;
+      for (; j + NR <= rows; j += NR) {
+        PanelRows<V, NR, V::kPanelMR>(panel.data() + j * ldp, ldp, k0, k1, x, ldx, 0, M,
+                                      accs.data() + j * 16, k0 == 0);
+      }
+      for (; j < rows; ++j) {
+        PanelRows<V, 1, V::kPanelMR>(panel.data() + j * ldp, ldp, k0, k1, x, ldx, 0, M,
+                                     accs.data() + j * 16, k0 == 0);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      for (int64_t j = 0; j < rows; ++j) {
+        float* a = accs.data() + (m * kPanelRows + j) * 16;
+        y[m * ldy + nb + j] =
+            Finish(a, panel.data() + j * ldp, nullptr, nullptr, 0, x + m * ldx, K16, K);
+      }
+    }
+  }
+}
+
+template <class V, DType D>
+void Dispatch(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+              int64_t n0, int64_t n1, bool use_panel) {
+  if (use_panel) {
+    ThroughPanel<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+  } else {
+    InRegisters<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+  }
+}
+
+template <class V>
+void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, bool use_panel) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return Dispatch<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+    case DType::kBF16:
+      return Dispatch<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+    case DType::kF16:
+      return Dispatch<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+    case DType::kFP8E4M3:
+      return Dispatch<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+  }
+}
+
+template <class V>
+void DequantRow(const Matrix& w, int64_t r, float* out) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return DequantRowTyped<V, DType::kF32>(w, r, out);
+    case DType::kBF16:
+      return DequantRowTyped<V, DType::kBF16>(w, r, out);
+    case DType::kF16:
+      return DequantRowTyped<V, DType::kF16>(w, r, out);
+    case DType::kFP8E4M3:
+      return DequantRowTyped<V, DType::kFP8E4M3>(w, r, out);
+  }
+}
+
+}  // namespace
+}  // namespace ringlane::worker::cpu::internal::simd
+
+#endif  // RINGLANE_WORKER_BACKEND_CPU_KERNELS_SIMD_H_
