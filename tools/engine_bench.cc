@@ -121,7 +121,9 @@ __attribute__((target("avx512f"))) float FmaKernel512(int64_t iters) {
   }
   __m512 s = acc[0];
   for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
+  alignas(64) float o[16];
+  _mm512_store_ps(o, s);
+  return o[0] + o[15];
 }
 #else
 float ReadKernel(const float* p, size_t n) {
@@ -356,8 +358,10 @@ int main(int argc, char** argv) {
       "Bytes read per decode token: %.3f GB (linear layers, LM head, scales). Linear params: %.3f "
       "B.\n\n",
       bytes_per_token / 1e9, linear_params / 1e9);
+  std::printf("Kernels: %s. FMA peak measured with %d-lane registers.\n\n",
+              ringlane::worker::cpu::IsaName(isa), peak_lanes);
   std::printf(
-      "| threads | read GB/s | AVX2 FMA GFLOP/s | decode tok/s | roofline tok/s | of roofline |\n");
+      "| threads | read GB/s | FMA peak GFLOP/s | decode tok/s | roofline tok/s | of roofline |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
     std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.0f%% |\n", r.threads, r.bw, r.peak, r.decode,

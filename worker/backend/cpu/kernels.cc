@@ -116,17 +116,30 @@ void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
 void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, int64_t ldx, int M,
                   ThreadPool* pool, Isa isa) {
   if (M <= 0) return;
-  // Blocks of output rows: small enough to balance two threads, large enough
-  // to amortize the panel; a multiple of 4 to fill the kernels' row tiles.
-  const int64_t block = M > kPanelMinRows ? 16 : 128;
-  std::vector<std::pair<const MatMulOutput*, int64_t>> tasks;  // (output, first row)
+  // Tasks are tiles of (output rows, input rows); the tiling never changes a
+  // sum. Decode (few input rows): 128 output rows per task, long enough for
+  // the prefetcher and few enough tasks to synchronize cheaply. Prefill: 64 x
+  // 64 tiles, so a tile's 64 rows of x stay in L2 while four 16-row weight
+  // panels pass over them (each panel is converted once per 64 rows of x).
+  const bool panel = M > kPanelMinRows;
+  const int64_t n_block = panel ? 64 : 128;
+  const int m_block = panel ? 64 : M;
+  struct Task {
+    const MatMulOutput* out;
+    int64_t n0;
+    int m0;
+  };
+  std::vector<Task> tasks;
   for (const MatMulOutput& o : outputs) {
-    for (int64_t n0 = 0; n0 < o.w->rows; n0 += block) tasks.push_back({&o, n0});
+    for (int64_t n0 = 0; n0 < o.w->rows; n0 += n_block) {
+      for (int m0 = 0; m0 < M; m0 += m_block) tasks.push_back({&o, n0, m0});
+    }
   }
   auto run = [&](int64_t t, int) {
-    const MatMulOutput& o = *tasks[t].first;
-    const int64_t n0 = tasks[t].second;
-    MatMulRange(*o.w, x, ldx, M, o.y, o.ldy, n0, std::min(o.w->rows, n0 + block), isa);
+    const Task& k = tasks[t];
+    const int rows = std::min(m_block, M - k.m0);
+    MatMulRange(*k.out->w, x + k.m0 * ldx, ldx, rows, k.out->y + k.m0 * k.out->ldy, k.out->ldy,
+                k.n0, std::min(k.out->w->rows, k.n0 + n_block), isa, panel ? 2 : 1);
   };
   if (pool == nullptr || pool->num_threads() == 1) {
     for (size_t t = 0; t < tasks.size(); ++t) run(static_cast<int64_t>(t), 0);
