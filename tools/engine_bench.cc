@@ -9,7 +9,9 @@
 //   - prefill of one long prompt as a fraction of the FMA peak.
 //
 //   ringlane-engine-bench --model=build/models/synth-1b1-fp8
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
