@@ -122,24 +122,31 @@ void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, i
   // 64 tiles, so a tile's 64 rows of x stay in L2 while four 16-row weight
   // panels pass over them (each panel is converted once per 64 rows of x).
   const bool panel = M > kPanelMinRows;
-  const int64_t n_block = panel ? 64 : 128;
+  const int threads = pool == nullptr ? 1 : pool->num_threads();
   const int m_block = panel ? 64 : M;
   struct Task {
     const MatMulOutput* out;
-    int64_t n0;
+    int64_t n0, n1;
     int m0;
   };
   std::vector<Task> tasks;
   for (const MatMulOutput& o : outputs) {
+    // Decode streams each matrix once: two long contiguous runs per thread
+    // keep the prefetchers on one stream each (measured 32 -> 36 GB/s at two
+    // threads against 128-row tasks) with a little slack for a slow thread.
+    const int64_t n_block =
+        panel ? 64 : std::max<int64_t>(128, (o.w->rows / (2 * threads) + 15) & ~int64_t{15});
     for (int64_t n0 = 0; n0 < o.w->rows; n0 += n_block) {
-      for (int m0 = 0; m0 < M; m0 += m_block) tasks.push_back({&o, n0, m0});
+      for (int m0 = 0; m0 < M; m0 += m_block) {
+        tasks.push_back({&o, n0, std::min(o.w->rows, n0 + n_block), m0});
+      }
     }
   }
   auto run = [&](int64_t t, int) {
     const Task& k = tasks[t];
     const int rows = std::min(m_block, M - k.m0);
     MatMulRange(*k.out->w, x + k.m0 * ldx, ldx, rows, k.out->y + k.m0 * k.out->ldy, k.out->ldy,
-                k.n0, std::min(k.out->w->rows, k.n0 + n_block), isa, panel ? 2 : 1);
+                k.n0, k.n1, isa, panel ? 2 : 1);
   };
   if (pool == nullptr || pool->num_threads() == 1) {
     for (size_t t = 0; t < tasks.size(); ++t) run(static_cast<int64_t>(t), 0);
