@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <set>
 #include <utility>
 
@@ -12,41 +11,13 @@
 #include "worker/aligned.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/kernels.h"
+#include "worker/model/rope.h"
 #include "worker/thread_pool.h"
 
 namespace ringlane::worker {
 namespace {
 
 using cpu::Isa;
-
-// Inverse RoPE frequencies for one head, with the config's scaling applied.
-std::vector<float> RopeInvFreq(const ModelConfig& c) {
-  const int half = c.head_dim / 2;
-  std::vector<float> inv(half);
-  for (int i = 0; i < half; ++i) {
-    // As llama2.c and Hugging Face compute it, in float.
-    float f =
-        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
-    const RopeScaling& s = c.rope_scaling;
-    if (s.type == "linear") {
-      f = f / s.factor;
-    } else if (s.type == "llama3") {
-      const float old_len = static_cast<float>(s.original_max_position);
-      const float low_wavelen = old_len / s.low_freq_factor;
-      const float high_wavelen = old_len / s.high_freq_factor;
-      const float wavelen = 2.0f * std::numbers::pi_v<float> / f;
-      if (wavelen > low_wavelen) {
-        f = f / s.factor;
-      } else if (wavelen >= high_wavelen) {
-        float smooth =
-            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        f = (1.0f - smooth) * f / s.factor + smooth * f;
-      }
-    }
-    inv[i] = f;
-  }
-  return inv;
-}
 
 class CpuBackend final : public Backend {
  public:
@@ -55,7 +26,7 @@ class CpuBackend final : public Backend {
         cfg_(model_->config),
         isa_(options.force_scalar ? Isa::kScalar : cpu::DetectIsa(options.allow_avx512)),
         pool_(options.threads, options.spin_us),
-        inv_freq_(RopeInvFreq(cfg_)) {}
+        inv_freq_(RopeInverseFrequencies(cfg_)) {}
 
   std::string name() const override {
     return absl::StrCat("cpu(", cpu::IsaName(isa_), ", ", pool_.num_threads(), " threads)");
