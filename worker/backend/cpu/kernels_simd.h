@@ -203,25 +203,38 @@ void InRegisters(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
 inline constexpr int64_t kPanelRows = 16;   // weight rows converted per panel
 inline constexpr int64_t kPanelCols = 512;  // columns per pass, so a pass's data stays in L1
 
-// All M rows of x against NR panel rows for columns [k0, k1): full tiles of MR
-// rows, then the rest with smaller tiles.
-template <class V, int NR, int MR>
-void PanelRows(const float* panel, int64_t ldp, int64_t k0, int64_t k1, const float* x, int64_t ldx,
-               int m, int M, float* accs, bool first) {
+// MR rows of x against every row of the panel for columns [k0, k1): NR rows
+// at a time, then single rows. The x tile stays in L1 across the panel rows.
+template <class V, int MR>
+void PanelTileRow(const float* panel, int64_t ldp, int64_t rows, int64_t k0, int64_t k1,
+                  const float* x, int64_t ldx, float* accs, bool first) {
+  constexpr int NR = V::kPanelNR;
+  constexpr int64_t stride = kPanelRows * 16;
+  int64_t j = 0;
+  for (; j + NR <= rows; j += NR) {
+    TileFromPanel<V, MR, NR>(panel + j * ldp, ldp, k0, k1, x, ldx, accs + j * 16, stride, first);
+  }
+  for (; j < rows; ++j) {
+    TileFromPanel<V, MR, 1>(panel + j * ldp, ldp, k0, k1, x, ldx, accs + j * 16, stride, first);
+  }
+}
+
+// Rows [m, M) of x: full tiles of MR rows, then the rest with smaller tiles.
+template <class V, int MR>
+void PanelAllRows(const float* panel, int64_t ldp, int64_t rows, int64_t k0, int64_t k1,
+                  const float* x, int64_t ldx, int m, int M, float* accs, bool first) {
   constexpr int64_t stride = kPanelRows * 16;
   for (; m + MR <= M; m += MR) {
-    TileFromPanel<V, MR, NR>(panel, ldp, k0, k1, x + m * ldx, ldx, accs + m * stride, stride,
-                             first);
+    PanelTileRow<V, MR>(panel, ldp, rows, k0, k1, x + m * ldx, ldx, accs + m * stride, first);
   }
   if constexpr (MR > 1) {
-    if (m < M) PanelRows<V, NR, MR - 1>(panel, ldp, k0, k1, x, ldx, m, M, accs, first);
+    if (m < M) PanelAllRows<V, MR - 1>(panel, ldp, rows, k0, k1, x, ldx, m, M, accs, first);
   }
 }
 
 template <class V, DType D>
 void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                   int64_t n0, int64_t n1) {
-  constexpr int NR = V::kPanelNR;
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
   const int64_t ldp = (K + 15) & ~int64_t{15};
@@ -233,18 +246,11 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
     for (int64_t j = 0; j < rows; ++j) DequantRowTyped<V, D>(w, nb + j, panel.data() + j * ldp);
     if (K16 == 0) std::fill(accs.begin(), accs.begin() + M * kPanelRows * 16, 0.0f);
     // Column passes of kPanelCols: within one, the panel slice (16 rows) and
-    // an x tile stay in L1 while MR x NR tiles sweep all of x.
+    // an MR-row x tile stay in L1 while the tile meets every panel row.
     for (int64_t k0 = 0; k0 < K16; k0 += kPanelCols) {
       const int64_t k1 = std::min(K16, k0 + kPanelCols);
-      int64_t j = 0;
-      for (; j + NR <= rows; j += NR) {
-        PanelRows<V, NR, V::kPanelMR>(panel.data() + j * ldp, ldp, k0, k1, x, ldx, 0, M,
-                                      accs.data() + j * 16, k0 == 0);
-      }
-      for (; j < rows; ++j) {
-        PanelRows<V, 1, V::kPanelMR>(panel.data() + j * ldp, ldp, k0, k1, x, ldx, 0, M,
-                                     accs.data() + j * 16, k0 == 0);
-      }
+      PanelAllRows<V, V::kPanelMR>(panel.data(), ldp, rows, k0, k1, x, ldx, 0, M, accs.data(),
+                                   k0 == 0);
     }
     for (int m = 0; m < M; ++m) {
       for (int64_t j = 0; j < rows; ++j) {
