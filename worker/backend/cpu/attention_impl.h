@@ -14,31 +14,29 @@
 namespace ringlane::worker::cpu::internal {
 namespace {
 
-// The fixed 8-lane dot product of kernels.h.
-inline float DotImpl(const float* a, const float* b, int64_t n) {
-  const int64_t n8 = n & ~int64_t{7};
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t k = 0; k < n8; k += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] = std::fma(a[k + l], b[k + l], acc[l]);
-  }
-  for (int64_t k = n8; k < n; ++k) acc[k - n8] = std::fma(a[k], b[k], acc[k - n8]);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // Each query row r attends to context positions [0, positions[r]] in order:
-// scores, max, exponentials and their sum in increasing position, probabilities
-// normalized, then the values accumulated in increasing position. Nothing here
-// depends on how many rows are processed together.
+// scores (see AttendArgs), max, exponentials and their sum in increasing
+// position, probabilities normalized, then the values accumulated in
+// increasing position. Nothing here depends on how many rows are processed
+// together. The position loops are independent across positions (scores) or
+// across dimensions (values), so the compiler vectorizes them without
+// reordering any sum.
 inline void AttendHeadImpl(const AttendArgs& a) {
   const float sqrt_hd = std::sqrt(static_cast<float>(a.head_dim));
   for (int r = 0; r < a.rows; ++r) {
     const float* q = a.q + r * a.ldq;
     const int64_t n = a.positions[r] + 1;
     float* s = a.scores;
+    for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
+    for (int d = 0; d < a.head_dim; ++d) {
+      const float qd = q[d];
+      const float* kd = a.kt + d * a.ldkt;
+      for (int64_t j = 0; j < n; ++j) s[j] = std::fma(qd, kd[j], s[j]);
+    }
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-      s[j] = DotImpl(q, a.k + j * a.ldkv, a.head_dim) / sqrt_hd;
-      if (s[j] > mx) mx = s[j];
+      s[j] = s[j] / sqrt_hd;
+      mx = std::fmax(mx, s[j]);
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
@@ -49,7 +47,7 @@ inline void AttendHeadImpl(const AttendArgs& a) {
     float* o = a.out + r * a.ldo;
     for (int d = 0; d < a.head_dim; ++d) o[d] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      const float* v = a.v + j * a.ldkv;
+      const float* v = a.v + j * a.ldv;
       const float p = s[j];
       for (int d = 0; d < a.head_dim; ++d) o[d] = std::fma(p, v[d], o[d]);
     }

@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
   std::vector<float> cos_, sin_;    // [T][head_dim / 2]
   AlignedFloats x_, xb_, q_, k_, v_, att_, tmp_, gate_, up_;
   // Per-thread attention scratch.
-  std::vector<std::vector<float>> kbuf_, vbuf_, scores_;
+  std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
 };
 
 absl::Status CpuBackend::Validate(const RoundInput& round) const {
@@ -183,10 +183,12 @@ void CpuBackend::Attention(const RoundInput& round, int layer) {
     const int rows = static_cast<int>(seq.tokens.size());
     const int64_t n_ctx = seq.start_position + rows;
     std::vector<float>& kb = kbuf_[thread];
+    std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& vb = vbuf_[thread];
     std::vector<float>& sc = scores_[thread];
     if (kb.size() < static_cast<size_t>(n_ctx * hd)) {
       kb.resize(n_ctx * hd);
+      kt.resize(n_ctx * hd);
       vb.resize(n_ctx * hd);
     }
     if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
@@ -194,6 +196,8 @@ void CpuBackend::Attention(const RoundInput& round, int layer) {
     // the stored dtype, exactly as a later decode step will.
     kv_->Gather(seq.block_ids, n_ctx, layer, 0, g, kb.data(), hd);
     kv_->Gather(seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd);
+    for (int64_t j = 0; j < n_ctx; ++j)
+      for (int d = 0; d < hd; ++d) kt[d * n_ctx + j] = kb[j * hd + d];
     const int64_t row0 = seq_row0_[s];
     for (int h = g * group; h < (g + 1) * group; ++h) {
       cpu::AttendArgs a;
@@ -201,9 +205,10 @@ void CpuBackend::Attention(const RoundInput& round, int layer) {
       a.ldq = ldq;
       a.rows = rows;
       a.positions = positions_.data() + row0;
-      a.k = kb.data();
+      a.kt = kt.data();
+      a.ldkt = n_ctx;
       a.v = vb.data();
-      a.ldkv = hd;
+      a.ldv = hd;
       a.head_dim = hd;
       a.scores = sc.data();
       a.out = att_.data() + row0 * ldq + int64_t{h} * hd;
@@ -245,6 +250,7 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   gate_.resize(T * I);
   up_.resize(T * I);
   kbuf_.resize(pool_.num_threads());
+  ktbuf_.resize(pool_.num_threads());
   vbuf_.resize(pool_.num_threads());
   scores_.resize(pool_.num_threads());
 

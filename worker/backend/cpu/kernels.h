@@ -67,15 +67,19 @@ void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
 void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
 
 // Causal attention of query rows of one head against its K and V, already
-// converted to float, rows of `ldkv` floats for context positions 0, 1, ...
+// converted to float for context positions 0, 1, ... K comes transposed so the
+// scores of consecutive positions are computed side by side: score(r, j) is
+// the sum over d, in increasing d, of q[r][d] * kt[d][j] (fused multiply-adds),
+// divided by sqrt(head_dim) — the same for every row whatever the round.
 struct AttendArgs {
   const float* q;  // [rows][ldq]
   int64_t ldq;
   int rows;
   const int64_t* positions;  // per row: the row's own position; it sees [0, position]
-  const float* k;            // [positions[rows-1] + 1][ldkv]
-  const float* v;
-  int64_t ldkv;
+  const float* kt;           // [head_dim][ldkt]: kt[d * ldkt + j] is K[j][d]
+  int64_t ldkt;
+  const float* v;  // [positions[rows-1] + 1][ldv]
+  int64_t ldv;
   int head_dim;
   float* scores;  // scratch, at least max position + 1 floats
   float* out;     // [rows][ldo]

@@ -187,12 +187,16 @@ TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
   const int hd = 36, n_ctx = 41;
   std::vector<float> q = RandomX(n_ctx, hd, 1), k = RandomX(n_ctx, hd, 2),
                      v = RandomX(n_ctx, hd, 3);
+  std::vector<float> kt(hd * n_ctx);
+  for (int j = 0; j < n_ctx; ++j)
+    for (int d = 0; d < hd; ++d) kt[d * n_ctx + j] = k[j * hd + d];
   std::vector<int64_t> pos(n_ctx);
   for (int i = 0; i < n_ctx; ++i) pos[i] = i;
   std::vector<float> scores(n_ctx);
   auto run = [&](int first, int rows, Isa isa, float* out) {
-    AttendArgs a{q.data() + first * hd, hd,  rows, pos.data() + first, k.data(), v.data(), hd, hd,
-                 scores.data(),         out, hd};
+    AttendArgs a{
+        q.data() + first * hd, hd,  rows, pos.data() + first, kt.data(), n_ctx, v.data(), hd, hd,
+        scores.data(),         out, hd};
     AttendHead(a, isa);
   };
   std::vector<float> all(n_ctx * hd), one(n_ctx * hd), scalar(n_ctx * hd);
@@ -203,6 +207,23 @@ TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
   EXPECT_TRUE(SameBits(all, scalar));
   // Row 0 sees only itself: its output is its own V.
   for (int d = 0; d < hd; ++d) EXPECT_FLOAT_EQ(all[d], v[d]);
+  // Against a double-precision softmax(q k / sqrt(d)) v.
+  for (int r = 0; r < n_ctx; r += 7) {
+    std::vector<double> w(r + 1);
+    double mx = -1e300, sum = 0;
+    for (int j = 0; j <= r; ++j) {
+      double dot = 0;
+      for (int d = 0; d < hd; ++d) dot += double(q[r * hd + d]) * k[j * hd + d];
+      w[j] = dot / std::sqrt(double(hd));
+      mx = std::max(mx, w[j]);
+    }
+    for (int j = 0; j <= r; ++j) sum += (w[j] = std::exp(w[j] - mx));
+    for (int d = 0; d < hd; ++d) {
+      double o = 0;
+      for (int j = 0; j <= r; ++j) o += w[j] / sum * v[j * hd + d];
+      EXPECT_NEAR(all[r * hd + d], o, 1e-4) << r << "," << d;
+    }
+  }
 }
 
 }  // namespace
