@@ -1,0 +1,69 @@
+// The collectives a tensor-parallel group meets in. One interface, several
+// transports: Gloo over TCP for CPU ranks (this file's factory), NCCL for CUDA
+// ranks (later), and a single-rank no-op.
+//
+// Batch invariance needs every element's sum taken in the same order whatever
+// the message size; ring and tree all-reduce split the buffer by size, so
+// beyond two ranks the order of an element's additions shifts with the number
+// of rows in the round. AllReduceSum here is defined as: gather every rank's
+// buffer, then add them element by element in rank order, ((r0 + r1) + r2) +
+// ... — it only moves bytes across the network and sums locally.
+//
+// A communicator is used by one thread at a time (the worker's step thread).
+#ifndef RINGLANE_WORKER_COLLECTIVES_COMMUNICATOR_H_
+#define RINGLANE_WORKER_COLLECTIVES_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ringlane::worker {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string name() const = 0;
+
+  // data[i] = sum over ranks r, in rank order, of rank r's data[i].
+  // Unavailable when a peer is gone or the timeout passes; the group is then
+  // unusable.
+  virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+  // out[r * count + i] = rank r's in[i].
+  virtual absl::Status AllGather(const float* in, size_t count, float* out) = 0;
+  // Every rank's data becomes root's.
+  virtual absl::Status Broadcast(float* data, size_t count, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+// The no-op communicator of a group of one.
+std::unique_ptr<Communicator> CreateSingleRankCommunicator();
+
+struct GlooOptions {
+  int rank = 0;
+  int world_size = 1;
+  // Rendezvous through files in this directory (shared by the ranks). The
+  // gRPC rendezvous service of the worker daemon replaces it.
+  std::string file_store_dir;
+  // Address to bind and advertise.
+  std::string host = "127.0.0.1";
+  std::chrono::milliseconds timeout{30000};
+};
+
+// Connects a full mesh of `world_size` ranks over TCP. Unavailable (with the
+// reason) when the peers do not arrive within the timeout.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options);
+
+// The rank-order sum of AllReduceSum: out[i] = ((parts[0][i] + parts[1][i]) +
+// ...) over `ranks` buffers laid out as parts[r * count + i].
+void SumInRankOrder(const float* parts, int ranks, size_t count, float* out);
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_COLLECTIVES_COMMUNICATOR_H_
