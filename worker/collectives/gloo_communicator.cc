@@ -12,6 +12,7 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "worker/collectives/communicator.h"
+#include "worker/collectives/gloo_context.h"
 
 namespace ringlane::worker {
 namespace {
@@ -86,7 +87,7 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& o) {
+absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const GlooOptions& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", o.rank, " outside a group of ", o.world_size));
@@ -103,7 +104,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
     ctx->connectFullMesh(store, dev);
   });
   if (!st.ok()) return st;
-  return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(ctx), o.timeout));
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& o) {
+  auto ctx = ConnectGloo(o);
+  if (!ctx.ok()) return ctx.status();
+  return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(*ctx), o.timeout));
 }
 
 }  // namespace ringlane::worker
