@@ -47,7 +47,13 @@ class Backend {
   virtual absl::Status ImportKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
 };
 
+class Communicator;
+
 struct CpuBackendOptions {
+  // The tensor-parallel group this rank belongs to (not owned; must outlive
+  // the backend); null for a model that is not sharded. The model passed to
+  // CreateCpuBackend must be this rank's shard (ShardModel).
+  Communicator* comm = nullptr;
   int threads = 1;
   // Use the portable scalar kernels even where vector ones are available (tests).
   bool force_scalar = false;

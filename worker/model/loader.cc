@@ -585,10 +585,20 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path)
   fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st))
     return absl::NotFoundError(absl::StrCat("model path ", path, " does not exist"));
-  if (fs::is_directory(st)) return LoadHfDirectory(path);
-  if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return LoadLlama2c(path);
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, ": not a model; expected a Hugging Face directory or a llama2.c .bin checkpoint"));
+  absl::StatusOr<std::unique_ptr<ModelWeights>> w;
+  if (fs::is_directory(st)) {
+    w = LoadHfDirectory(path);
+  } else if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) {
+    w = LoadLlama2c(path);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a model; expected a Hugging Face directory or a llama2.c .bin checkpoint"));
+  }
+  if (w.ok()) {
+    const ModelConfig& c = (*w)->config;
+    (*w)->shard = TpShard{0, 1, 0, c.heads, 0, c.kv_heads, 0, c.intermediate, 0, c.vocab};
+  }
+  return w;
 }
 
 }  // namespace ringlane::worker

@@ -116,8 +116,23 @@ class MappedFile {
   size_t size_;
 };
 
+// Which part of the model a tensor-parallel rank holds (Megatron layout):
+// query heads [head0, head0 + heads), KV heads [kv_head0, kv_head0 + kv_heads)
+// (replicated when the model has fewer KV heads than ranks), MLP columns
+// [inter0, inter0 + intermediate), vocabulary rows [vocab0, vocab0 + vocab).
+// A whole model is the shard {0, 1, ...everything}.
+struct TpShard {
+  int rank = 0;
+  int world = 1;
+  int head0 = 0, heads = 0;
+  int kv_head0 = 0, kv_heads = 0;
+  int inter0 = 0, intermediate = 0;
+  int vocab0 = 0, vocab = 0;
+};
+
 struct ModelWeights {
-  ModelConfig config;
+  ModelConfig config;  // the whole model's shape, also in a shard
+  TpShard shard;       // what the matrices below hold
   Matrix embed;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
@@ -127,6 +142,8 @@ struct ModelWeights {
   // Owners of the memory the matrices point into.
   std::vector<std::shared_ptr<MappedFile>> files;
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
+  // A shard keeps the whole model it views alive.
+  std::shared_ptr<const ModelWeights> keep_alive;
 };
 
 // Loads a Hugging Face-style directory (config.json plus model.safetensors or

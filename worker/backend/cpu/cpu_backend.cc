@@ -11,6 +11,7 @@
 #include "worker/aligned.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/kernels.h"
+#include "worker/collectives/communicator.h"
 #include "worker/model/rope.h"
 #include "worker/thread_pool.h"
 
@@ -24,19 +25,25 @@ class CpuBackend final : public Backend {
   CpuBackend(std::shared_ptr<const ModelWeights> model, const CpuBackendOptions& options)
       : model_(std::move(model)),
         cfg_(model_->config),
+        shard_(model_->shard),
+        comm_(options.comm),
         isa_(options.force_scalar ? Isa::kScalar : cpu::DetectIsa(options.allow_avx512)),
         pool_(options.threads, options.spin_us),
         inv_freq_(RopeInverseFrequencies(cfg_)) {}
 
   std::string name() const override {
-    return absl::StrCat("cpu(", cpu::IsaName(isa_), ", ", pool_.num_threads(), " threads)");
+    return absl::StrCat("cpu(", cpu::IsaName(isa_), ", ", pool_.num_threads(), " threads",
+                        shard_.world > 1
+                            ? absl::StrCat(", TP rank ", shard_.rank, "/", shard_.world)
+                            : std::string(),
+                        ")");
   }
   const ModelConfig& config() const override { return cfg_; }
   const KvPoolSpec& kv_pool() const override { return kv_spec_; }
 
   absl::Status AllocateKvPool(const KvPoolSpec& spec) override {
     kv_.reset();
-    auto kv = KvCache::Create(cfg_.layers, cfg_.kv_heads, cfg_.head_dim, spec);
+    auto kv = KvCache::Create(cfg_.layers, shard_.kv_heads, cfg_.head_dim, spec);
     if (!kv.ok()) return kv.status();
     kv_ = std::move(*kv);
     kv_spec_ = spec;
@@ -80,6 +87,8 @@ class CpuBackend final : public Backend {
 
   const std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
+  const TpShard shard_;       // this rank's heads, MLP columns and vocabulary rows
+  Communicator* const comm_;  // null when not sharded
   const Isa isa_;
   ThreadPool pool_;
   const std::vector<float> inv_freq_;
@@ -172,13 +181,13 @@ void CpuBackend::ApplyRope(float* x, int64_t ld, int heads, int rows) {
 
 void CpuBackend::Attention(const RoundInput& round, int layer) {
   const int hd = cfg_.head_dim;
-  const int group = cfg_.heads / cfg_.kv_heads;
-  const int64_t ldq = int64_t{cfg_.heads} * hd;
+  const int group = cfg_.heads / cfg_.kv_heads;  // query heads per KV head, whole model
+  const int64_t ldq = int64_t{shard_.heads} * hd;
   const int64_t nseq = static_cast<int64_t>(round.seqs.size());
-  const int64_t tasks = nseq * cfg_.kv_heads;
+  const int64_t tasks = nseq * shard_.kv_heads;
   pool_.ParallelFor(tasks, [&](int64_t task, int thread) {
-    const int s = static_cast<int>(task / cfg_.kv_heads);
-    const int g = static_cast<int>(task % cfg_.kv_heads);
+    const int s = static_cast<int>(task / shard_.kv_heads);
+    const int g = static_cast<int>(task % shard_.kv_heads);
     const SeqStep& seq = round.seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
     const int64_t n_ctx = seq.start_position + rows;
@@ -199,7 +208,9 @@ void CpuBackend::Attention(const RoundInput& round, int layer) {
     for (int64_t j = 0; j < n_ctx; ++j)
       for (int d = 0; d < hd; ++d) kt[d * n_ctx + j] = kb[j * hd + d];
     const int64_t row0 = seq_row0_[s];
-    for (int h = g * group; h < (g + 1) * group; ++h) {
+    for (int h = 0; h < shard_.heads; ++h) {
+      // Local query head h uses the KV head of its global index.
+      if ((shard_.head0 + h) / group - shard_.kv_head0 != g) continue;
       cpu::AttendArgs a;
       a.q = q_.data() + row0 * ldq + int64_t{h} * hd;
       a.ldq = ldq;
@@ -226,8 +237,13 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   if (round.seqs.empty()) return out;
 
   const int D = cfg_.hidden, hd = cfg_.head_dim, half = hd / 2;
-  const int64_t qdim = int64_t{cfg_.heads} * hd, kvdim = int64_t{cfg_.kv_heads} * hd;
-  const int I = cfg_.intermediate;
+  const int64_t qdim = int64_t{shard_.heads} * hd, kvdim = int64_t{shard_.kv_heads} * hd;
+  const int I = shard_.intermediate;
+  const bool tp = comm_ != nullptr && shard_.world > 1;
+  // Sums a row-parallel layer's partial outputs over the group (rank order).
+  auto reduce = [&](float* data, int64_t n) -> absl::Status {
+    return tp ? comm_->AllReduceSum(data, static_cast<size_t>(n)) : absl::OkStatus();
+  };
   const int bs = kv_spec_.block_size;
 
   int64_t T = 0;
@@ -260,7 +276,14 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
       const int64_t t = seq_row0_[s] + static_cast<int64_t>(i);
       positions_[t] = seq.start_position + static_cast<int64_t>(i);
       row_seq_[t] = static_cast<int>(s);
-      cpu::DequantRow(model_->embed, seq.tokens[i], x_.data() + t * D, isa_);
+      // Vocabulary-parallel: the rank holding the row writes it, the others
+      // zeros, and the sum over the group is that row exactly.
+      const int32_t local = seq.tokens[i] - shard_.vocab0;
+      if (local >= 0 && local < shard_.vocab) {
+        cpu::DequantRow(model_->embed, local, x_.data() + t * D, isa_);
+      } else {
+        std::fill(x_.begin() + t * D, x_.begin() + (t + 1) * D, 0.0f);
+      }
       for (int j = 0; j < half; ++j) {
         const float angle = static_cast<float>(positions_[t]) * inv_freq_[j];
         cos_[t * half + j] = std::cos(angle);
@@ -269,6 +292,7 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     }
   }
 
+  if (absl::Status st = reduce(x_.data(), T * D); !st.ok()) return st;
   const int rows = static_cast<int>(T);
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
@@ -276,8 +300,8 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     cpu::MatMulShared(
         {{&w.wq, q_.data(), qdim}, {&w.wk, k_.data(), kvdim}, {&w.wv, v_.data(), kvdim}},
         xb_.data(), D, rows, &pool_, isa_);
-    ApplyRope(q_.data(), qdim, cfg_.heads, rows);
-    ApplyRope(k_.data(), kvdim, cfg_.kv_heads, rows);
+    ApplyRope(q_.data(), qdim, shard_.heads, rows);
+    ApplyRope(k_.data(), kvdim, shard_.kv_heads, rows);
     for (int64_t t = 0; t < T; ++t) {
       const SeqStep& seq = round.seqs[row_seq_[t]];
       const int64_t p = positions_[t];
@@ -286,6 +310,7 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     }
     Attention(round, l);
     cpu::MatMul(w.wo, att_.data(), qdim, rows, tmp_.data(), D, &pool_, isa_);
+    if (absl::Status st = reduce(tmp_.data(), T * D); !st.ok()) return st;
     for (int64_t i = 0; i < T * D; ++i) x_[i] = x_[i] + tmp_[i];
 
     RmsNorm(x_.data(), w.ffn_norm, xb_.data(), rows);
@@ -300,6 +325,7 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
       }
     });
     cpu::MatMul(w.w_down, gate_.data(), I, rows, tmp_.data(), D, &pool_, isa_);
+    if (absl::Status st = reduce(tmp_.data(), T * D); !st.ok()) return st;
     for (int64_t i = 0; i < T * D; ++i) x_[i] = x_[i] + tmp_[i];
   }
 
@@ -315,13 +341,27 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     std::memcpy(picked.data() + int64_t{r} * D, x_.data() + want[r] * D, D * sizeof(float));
   }
   RmsNorm(picked.data(), model_->final_norm, normed.data(), R);
-  std::vector<float> logits(static_cast<size_t>(R) * cfg_.vocab);
-  cpu::MatMul(model_->lm_head, normed.data(), D, R, logits.data(), cfg_.vocab, &pool_, isa_);
+  const int V = cfg_.vocab, Vl = shard_.vocab;
+  std::vector<float> logits(static_cast<size_t>(R) * V);
+  if (!tp) {
+    cpu::MatMul(model_->lm_head, normed.data(), D, R, logits.data(), V, &pool_, isa_);
+  } else {
+    // Vocabulary-parallel head: each rank its rows, then every rank gathers
+    // all of them (each samples the same token from the same logits).
+    std::vector<float> local(static_cast<size_t>(R) * Vl), all(local.size() * shard_.world);
+    cpu::MatMul(model_->lm_head, normed.data(), D, R, local.data(), Vl, &pool_, isa_);
+    if (absl::Status st = comm_->AllGather(local.data(), local.size(), all.data()); !st.ok()) {
+      return st;
+    }
+    for (int rk = 0; rk < shard_.world; ++rk)
+      for (int r = 0; r < R; ++r)
+        std::copy_n(all.data() + (int64_t{rk} * R + r) * Vl, Vl,
+                    logits.data() + int64_t{r} * V + int64_t{rk} * Vl);
+  }
   int r = 0;
   for (size_t s = 0; s < round.seqs.size(); ++s) {
     const size_t n = round.seqs[s].logit_offsets.size();
-    out.logits[s].assign(logits.begin() + int64_t{r} * cfg_.vocab,
-                         logits.begin() + int64_t(r + n) * cfg_.vocab);
+    out.logits[s].assign(logits.begin() + int64_t{r} * V, logits.begin() + int64_t(r + n) * V);
     r += static_cast<int>(n);
   }
   return out;

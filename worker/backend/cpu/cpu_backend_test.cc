@@ -135,7 +135,7 @@ TEST(CpuBackend, ImportedPrefixContinuesIdentically) {
 class ChunkingTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ChunkingTest, LogitsIndependentOfPrefillChunking) {
-  auto b = CreateCpuBackend(Stories(), {2});
+  auto b = CreateCpuBackend(Stories(), {.threads = 2});
   ASSERT_TRUE(b->AllocateKvPool({8, 16, GetParam()}).ok());
   std::vector<int32_t> toks;
   for (int i = 0; i < 40; ++i) toks.push_back((i * 61 + 5) % 512);

@@ -1,0 +1,24 @@
+// Tensor-parallel sharding at load time (Megatron): column-parallel Q/K/V and
+// gate/up (a rank keeps its rows), row-parallel output and down projections (a
+// rank keeps its columns), vocabulary-parallel embedding and LM head. A shard
+// is a set of views into the full model's mapping: a rank touches only its
+// own pages.
+#ifndef RINGLANE_WORKER_MODEL_SHARD_H_
+#define RINGLANE_WORKER_MODEL_SHARD_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/model/model.h"
+
+namespace ringlane::worker {
+
+// The part of `full` that rank `rank` of `world` holds. InvalidArgument when
+// the model cannot be split that way (heads, KV heads or vocabulary not
+// divisible, or more ranks than heads).
+absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
+    std::shared_ptr<const ModelWeights> full, int rank, int world);
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_MODEL_SHARD_H_

@@ -1,0 +1,67 @@
+#include "worker/model/shard.h"
+
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace ringlane::worker {
+namespace {
+
+std::shared_ptr<const ModelWeights> Stories() {
+  auto m =
+      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::shared_ptr<const ModelWeights>(std::move(*m));
+}
+
+TEST(Shard, SplitsHeadsMlpAndVocabulary) {
+  auto full = Stories();  // 8 heads, 4 KV heads, intermediate 172, vocab 512, head_dim 8
+  auto s = ShardModel(full, 1, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const TpShard& t = (*s)->shard;
+  EXPECT_EQ(t.heads, 4);
+  EXPECT_EQ(t.head0, 4);
+  EXPECT_EQ(t.kv_heads, 2);
+  EXPECT_EQ(t.kv_head0, 2);
+  EXPECT_EQ(t.intermediate, 86);
+  EXPECT_EQ(t.inter0, 86);
+  EXPECT_EQ(t.vocab, 256);
+  EXPECT_EQ(t.vocab0, 256);
+  const LayerWeights& l = (*s)->layers[0];
+  EXPECT_EQ(l.wq.rows, 32);
+  EXPECT_EQ(l.wq.Row(0), full->layers[0].wq.Row(32));  // a view, not a copy
+  EXPECT_EQ(l.wo.cols, 32);
+  EXPECT_EQ(l.wo.col_offset, 32);
+  EXPECT_EQ(l.w_down.cols, 86);
+  EXPECT_EQ((*s)->lm_head.Row(0), full->lm_head.Row(256));
+}
+
+TEST(Shard, ReplicatesKvHeadsBeyondTheirCount) {
+  auto s = ShardModel(Stories(), 5, 8);  // 8 ranks, 4 KV heads: ranks 4 and 5 share KV head 2
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->shard.heads, 1);
+  EXPECT_EQ((*s)->shard.kv_heads, 1);
+  EXPECT_EQ((*s)->shard.kv_head0, 2);
+}
+
+TEST(Shard, UnevenMlpSplitCoversEveryColumn) {
+  auto full = Stories();
+  int covered = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto s = ShardModel(full, r, 4);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ((*s)->shard.inter0, covered);
+    covered += (*s)->shard.intermediate;
+  }
+  EXPECT_EQ(covered, 172);
+}
+
+TEST(Shard, RefusesSplitsThatDoNotDivide) {
+  EXPECT_EQ(ShardModel(Stories(), 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardModel(Stories(), 2, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardModel(Stories(), 0, 16).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ringlane::worker
