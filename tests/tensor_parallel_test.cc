@@ -57,8 +57,10 @@ bool RunGroup(int world, const std::string& dir,
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
-      auto comm =
-          worker::CreateGlooCommunicator({r, world, dir, "127.0.0.1", std::chrono::seconds(60)});
+      auto comm = worker::CreateGlooCommunicator({.rank = r,
+                                                  .world_size = world,
+                                                  .file_store_dir = dir,
+                                                  .timeout = std::chrono::seconds(60)});
       if (!comm.ok()) {
         std::fprintf(stderr, "rank %d: %s\n", r, std::string(comm.status().message()).c_str());
         _exit(10);

@@ -31,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 namespace rw = ringlane::worker;
 
 int RunRank(int rank, int ranks, const std::string& dir, int iters) {
-  rw::GlooOptions o{rank, ranks, dir + "/a", "127.0.0.1", std::chrono::seconds(30)};
+  rw::GlooOptions o{.rank = rank, .world_size = ranks, .file_store_dir = dir + "/a"};
   auto comm = rw::CreateGlooCommunicator(o);
   o.file_store_dir = dir + "/b";
   auto ctx = rw::ConnectGloo(o);

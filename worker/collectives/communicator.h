@@ -48,12 +48,15 @@ std::unique_ptr<Communicator> CreateSingleRankCommunicator();
 struct GlooOptions {
   int rank = 0;
   int world_size = 1;
-  // Rendezvous through files in this directory (shared by the ranks). The
-  // gRPC rendezvous service of the worker daemon replaces it.
+  // Rendezvous through files in this directory (shared by the ranks)...
   std::string file_store_dir;
   // Address to bind and advertise.
   std::string host = "127.0.0.1";
   std::chrono::milliseconds timeout{30000};
+  // ...or, when set, through the gRPC Rendezvous service at this host:port,
+  // under `group` (worker/rendezvous/rendezvous.h).
+  std::string rendezvous_address;
+  std::string group = "default";
 };
 
 // Connects a full mesh of `world_size` ranks over TCP. Unavailable (with the

@@ -55,7 +55,7 @@ TEST_P(GlooTest, AllReduceIsRankOrderForEverySize) {
   const int n = GetParam();
   const std::string dir = FreshDir("allreduce" + std::to_string(n));
   bool ok = RunRanks(n, [&](int rank) {
-    auto comm = CreateGlooCommunicator({rank, n, dir, "127.0.0.1", std::chrono::seconds(30)});
+    auto comm = CreateGlooCommunicator({.rank = rank, .world_size = n, .file_store_dir = dir});
     if (!comm.ok()) return 2;
     for (size_t count : {size_t{1}, size_t{7}, size_t{4096}, size_t{100003}}) {
       std::vector<float> data(count);
@@ -98,9 +98,10 @@ TEST(SumInRankOrder, AddsLeftToRight) {
 }
 
 TEST(Gloo, BadRankIsInvalidArgument) {
-  EXPECT_EQ(
-      CreateGlooCommunicator({3, 2, "/tmp", "127.0.0.1", std::chrono::seconds(1)}).status().code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreateGlooCommunicator({.rank = 3, .world_size = 2, .file_store_dir = "/tmp"})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

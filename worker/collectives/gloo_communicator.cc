@@ -13,6 +13,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/gloo_context.h"
+#include "worker/rendezvous/rendezvous.h"
 
 namespace ringlane::worker {
 namespace {
@@ -92,16 +93,23 @@ absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const Glo
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", o.rank, " outside a group of ", o.world_size));
   }
-  if (o.file_store_dir.empty()) return absl::InvalidArgumentError("gloo: no rendezvous directory");
+  if (o.file_store_dir.empty() && o.rendezvous_address.empty()) {
+    return absl::InvalidArgumentError("gloo: neither a rendezvous address nor a directory");
+  }
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   absl::Status st = Guard("rendezvous", [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.host;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(o.file_store_dir);
+    std::unique_ptr<gloo::rendezvous::Store> store;
+    if (!o.rendezvous_address.empty()) {
+      store = CreateGrpcStore(o.rendezvous_address, o.group, o.timeout);
+    } else {
+      store = std::make_unique<gloo::rendezvous::FileStore>(o.file_store_dir);
+    }
     ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world_size);
     ctx->setTimeout(o.timeout);
-    ctx->connectFullMesh(store, dev);
+    ctx->connectFullMesh(*store, dev);
   });
   if (!st.ok()) return st;
   return ctx;
