@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/processes.h"
 #include "worker/collectives/communicator.h"
 #include "worker/rendezvous/rendezvous.h"
 
@@ -43,27 +44,16 @@ std::pair<pid_t, int> StartService() {
 
 bool RunRanks(const std::vector<int>& ranks, int world, int port, std::chrono::milliseconds timeout,
               int (*check)(absl::StatusOr<std::unique_ptr<worker::Communicator>>&, int)) {
-  std::vector<pid_t> kids;
-  for (int r : ranks) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      auto comm =
-          worker::CreateGlooCommunicator({.rank = r,
-                                          .world_size = world,
-                                          .timeout = timeout,
-                                          .rendezvous_address = "127.0.0.1:" + std::to_string(port),
-                                          .group = "test-group"});
-      _exit(check(comm, r));
-    }
-    kids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : kids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok;
+  return testing::RunInChildren(static_cast<int>(ranks.size()), [&](int i) {
+    const int r = ranks[i];
+    auto comm =
+        worker::CreateGlooCommunicator({.rank = r,
+                                        .world_size = world,
+                                        .timeout = timeout,
+                                        .rendezvous_address = "127.0.0.1:" + std::to_string(port),
+                                        .group = "test-group"});
+    return check(comm, r);
+  });
 }
 
 TEST(GrpcRendezvous, ThreeRanksMeetAndReduce) {

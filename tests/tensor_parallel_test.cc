@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/lane_runner.h"
+#include "tests/support/processes.h"
 #include "worker/collectives/communicator.h"
 #include "worker/model/shard.h"
 #include "worker/model/synthetic.h"
@@ -53,29 +54,17 @@ bool RunGroup(int world, const std::string& dir,
               const std::function<int(int, worker::Communicator*)>& body) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  std::vector<pid_t> kids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      auto comm = worker::CreateGlooCommunicator({.rank = r,
-                                                  .world_size = world,
-                                                  .file_store_dir = dir,
-                                                  .timeout = std::chrono::seconds(60)});
-      if (!comm.ok()) {
-        std::fprintf(stderr, "rank %d: %s\n", r, std::string(comm.status().message()).c_str());
-        _exit(10);
-      }
-      _exit(body(r, comm->get()));
+  return testing::RunInChildren(world, [&](int r) {
+    auto comm = worker::CreateGlooCommunicator({.rank = r,
+                                                .world_size = world,
+                                                .file_store_dir = dir,
+                                                .timeout = std::chrono::seconds(60)});
+    if (!comm.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, std::string(comm.status().message()).c_str());
+      return 10;
     }
-    kids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : kids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok;
+    return body(r, comm->get());
+  });
 }
 
 absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(const std::string& model_path,

@@ -13,26 +13,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/processes.h"
 
 namespace ringlane::worker {
 namespace {
-
-// Runs body(rank) in `n` child processes; true when all exit with 0.
-bool RunRanks(int n, const std::function<int(int)>& body) {
-  std::vector<pid_t> kids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(body(r));
-    kids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : kids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  return ok;
-}
 
 std::string FreshDir(const std::string& name) {
   std::string dir = ::testing::TempDir() + "/rl_gloo_" + name + "_" + std::to_string(getpid());
@@ -54,7 +38,7 @@ class GlooTest : public ::testing::TestWithParam<int> {};
 TEST_P(GlooTest, AllReduceIsRankOrderForEverySize) {
   const int n = GetParam();
   const std::string dir = FreshDir("allreduce" + std::to_string(n));
-  bool ok = RunRanks(n, [&](int rank) {
+  bool ok = testing::RunInChildren(n, [&](int rank) {
     auto comm = CreateGlooCommunicator({.rank = rank, .world_size = n, .file_store_dir = dir});
     if (!comm.ok()) return 2;
     for (size_t count : {size_t{1}, size_t{7}, size_t{4096}, size_t{100003}}) {
