@@ -6,10 +6,12 @@ JOBS ?= $(shell nproc)
 MODEL ?= deploy/models/stories260K/stories260K.bin
 TOKENIZER ?= deploy/models/stories260K/tok512.bin
 THREADS ?= 2
+# Compute threads per worker rank under `make serve` (two ranks share the cores).
+WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
 
-.PHONY: all deps configure build test serve asan bench format clean
+.PHONY: all deps configure build test serve generate asan bench format clean
 
 all: build
 
@@ -26,9 +28,15 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
-# Serves the bundled model. Until the daemons exist this is the command-line
-# generator over the engine: type a prompt, get streamed text.
+# Serves the bundled model: two worker daemons as one TP2 group on loopback,
+# driven by the command-line generator (type a prompt, get streamed text)
+# until the router and its APIs exist.
 serve: build
+	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
+	  deploy/local/serve_tp2.sh "$(PROMPT)"
+
+# The generator over the engine in one process (no daemons).
+generate: build
 	@$(BUILD)/tools/ringlane-generate --model=$(MODEL) --tokenizer=$(TOKENIZER) \
 	  --threads=$(THREADS) $(if $(PROMPT),--prompt="$(PROMPT)")
 

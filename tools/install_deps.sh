@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libibverbs-dev librdmacm-dev
-  libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev
+  libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev
 )
 
 missing=()

@@ -1,6 +1,6 @@
 // The collectives a tensor-parallel group meets in. One interface, several
-// transports: Gloo over TCP for CPU ranks (this file's factory), NCCL for CUDA
-// ranks (later), and a single-rank no-op.
+// transports: Gloo over TCP or ibverbs for CPU ranks (this file's factory),
+// NCCL for CUDA ranks (nccl_communicator.h), and a single-rank no-op.
 //
 // Batch invariance needs every element's sum taken in the same order whatever
 // the message size; ring and tree all-reduce split the buffer by size, so
@@ -57,10 +57,29 @@ struct GlooOptions {
   // under `group` (worker/rendezvous/rendezvous.h).
   std::string rendezvous_address;
   std::string group = "default";
+  // "auto": ibverbs when an RDMA device is present (and the build has
+  // rdma-core), else TCP with one log line per process saying so. "tcp" or
+  // "ibverbs" force one; a forced "ibverbs" without a device (or without
+  // rdma-core in the build) is FailedPrecondition rather than a silent TCP.
+  // Every rank must arrive at the same transport: where some machines of a
+  // group have RDMA and some do not, force "tcp".
+  std::string transport = "auto";
+  // The RDMA device (empty: the first in sorted order), its port (from 1) and
+  // its GID index. RoCE v2 usually needs the index of the IPv4-mapped GID,
+  // which `show_gids` lists; InfiniBand works with 0.
+  std::string ibverbs_device;
+  int ibverbs_port = 1;
+  int ibverbs_index = 0;
+  // Runs the collectives that the ibverbs transport supports (Gloo's
+  // registered-buffer algorithms) over whichever transport is chosen, so that
+  // this path is exercised on machines without RDMA hardware.
+  bool bound_buffers_for_testing = false;
 };
 
-// Connects a full mesh of `world_size` ranks over TCP. Unavailable (with the
-// reason) when the peers do not arrive within the timeout.
+// Connects a full mesh of `world_size` ranks over the transport that
+// `options.transport` selects. Unavailable (with the reason) when the peers do
+// not arrive within the timeout; FailedPrecondition when "ibverbs" is forced
+// where it cannot run; InvalidArgument for an unknown transport name.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options);
 
 // The rank-order sum of AllReduceSum: out[i] = ((parts[0][i] + parts[1][i]) +

@@ -1,19 +1,37 @@
-// Gloo over TCP. Gloo reports failures by throwing; every call is wrapped here
-// so none escapes into the engine (STYLE: no exceptions across threads or
-// RPCs), and a failure becomes Unavailable.
+// Gloo over TCP or ibverbs. Gloo reports failures by throwing; every call is
+// wrapped here so none escapes into the engine (STYLE: no exceptions across
+// threads or RPCs), and a failure becomes Unavailable.
+#include <algorithm>
+#include <climits>
+#include <cstring>
 #include <exception>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gloo/allgather.h"
+#include "gloo/allgather_ring.h"
 #include "gloo/barrier.h"
+#include "gloo/barrier_all_to_all.h"
 #include "gloo/broadcast.h"
+#include "gloo/broadcast_one_to_all.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "services/log.h"
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/gloo_context.h"
 #include "worker/rendezvous/rendezvous.h"
+
+#if RINGLANE_HAVE_IBVERBS
+#include <infiniband/verbs.h>
+
+#include "gloo/transport/ibverbs/device.h"
+#endif
 
 namespace ringlane::worker {
 namespace {
@@ -28,15 +46,24 @@ absl::Status Guard(const char* what, Fn&& fn) {
   }
 }
 
+// Registered-buffer algorithms are built once per message shape and run again:
+// over ibverbs, building one registers memory and trades keys with the peer.
+// Past these bounds every cached one is dropped, on every rank at the same
+// call, since all ranks see the same sequence of shapes.
+constexpr size_t kMaxBoundShapes = 32;
+constexpr size_t kMaxBoundBytes = size_t{256} << 20;
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> ctx,
-                   std::chrono::milliseconds timeout)
-      : ctx_(std::move(ctx)), timeout_(timeout) {}
+  GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> ctx, GlooTransport transport,
+                   bool bound, std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), transport_(transport), bound_(bound), timeout_(timeout) {}
 
   int rank() const override { return ctx_->rank; }
   int world_size() const override { return ctx_->size; }
-  std::string name() const override { return absl::StrCat("gloo-tcp(", ctx_->size, " ranks)"); }
+  std::string name() const override {
+    return absl::StrCat("gloo-", GlooTransportName(transport_), "(", ctx_->size, " ranks)");
+  }
 
   absl::Status AllReduceSum(float* data, size_t count) override {
     gathered_.resize(count * ctx_->size);
@@ -46,6 +73,8 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllGather(const float* in, size_t count, float* out) override {
+    if (count == 0) return absl::OkStatus();
+    if (bound_) return BoundAllGather(in, count, out);
     return Guard("allgather", [&] {
       gloo::AllgatherOptions opts(ctx_);
       opts.setInput(const_cast<float*>(in), count);
@@ -60,6 +89,8 @@ class GlooCommunicator final : public Communicator {
     if (root < 0 || root >= ctx_->size) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
     }
+    if (count == 0) return absl::OkStatus();
+    if (bound_) return BoundBroadcast(data, count, root);
     return Guard("broadcast", [&] {
       gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(data, count);
@@ -71,6 +102,13 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
+    if (bound_) {
+      if (ctx_->size == 1) return absl::OkStatus();
+      return Guard("barrier", [&] {
+        if (!barrier_) barrier_ = std::make_unique<gloo::BarrierAllToAll>(ctx_);
+        barrier_->run();
+      });
+    }
     return Guard("barrier", [&] {
       gloo::BarrierOptions opts(ctx_);
       opts.setTag(next_tag_++);
@@ -80,15 +118,112 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // The caller's buffers are copied through buffers of our own: a registration
+  // pins pages, and a caller's freed buffer whose address comes back would
+  // leave it pinning the old ones.
+  struct BoundAllgather {
+    std::vector<float> in;
+    std::vector<float> out;
+    std::unique_ptr<gloo::AllgatherRing<float>> algorithm;
+  };
+  struct BoundBroadcastEntry {
+    std::vector<float> data;
+    std::unique_ptr<gloo::BroadcastOneToAll<float>> algorithm;
+  };
+
+  absl::Status BoundAllGather(const float* in, size_t count, float* out) {
+    const size_t n = ctx_->size;
+    // AllgatherRing keeps byte counts and offsets in int.
+    if (count > static_cast<size_t>(INT_MAX) / sizeof(float) / n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allgather of ", count, " floats over ", n, " ranks is too large"));
+    }
+    if (n == 1) {
+      std::memmove(out, in, count * sizeof(float));
+      return absl::OkStatus();
+    }
+    absl::Status st = Guard("allgather", [&] {
+      auto it = allgathers_.find(count);
+      if (it == allgathers_.end()) {
+        MakeRoom(count * (n + 1) * sizeof(float));
+        BoundAllgather& e = allgathers_[count];
+        e.in.resize(count);
+        e.out.resize(count * n);
+        e.algorithm = std::make_unique<gloo::AllgatherRing<float>>(
+            ctx_, std::vector<const float*>{e.in.data()}, e.out.data(), static_cast<int>(count));
+        bound_bytes_ += count * (n + 1) * sizeof(float);
+        it = allgathers_.find(count);
+      }
+      BoundAllgather& e = it->second;
+      std::memcpy(e.in.data(), in, count * sizeof(float));
+      e.algorithm->run();
+      std::memcpy(out, e.out.data(), count * n * sizeof(float));
+    });
+    // A half-built entry would be run next time; the group is unusable after
+    // a failure anyway, but it must not crash.
+    if (!st.ok()) allgathers_.erase(count);
+    return st;
+  }
+
+  absl::Status BoundBroadcast(float* data, size_t count, int root) {
+    if (ctx_->size == 1) return absl::OkStatus();
+    if (count > static_cast<size_t>(INT_MAX) / sizeof(float)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast of ", count, " floats is too large"));
+    }
+    const auto key = std::make_pair(count, root);
+    absl::Status st = Guard("broadcast", [&] {
+      auto it = broadcasts_.find(key);
+      if (it == broadcasts_.end()) {
+        MakeRoom(count * sizeof(float));
+        BoundBroadcastEntry& e = broadcasts_[key];
+        e.data.resize(count);
+        e.algorithm = std::make_unique<gloo::BroadcastOneToAll<float>>(
+            ctx_, std::vector<float*>{e.data.data()}, count, root);
+        bound_bytes_ += count * sizeof(float);
+        it = broadcasts_.find(key);
+      }
+      BoundBroadcastEntry& e = it->second;
+      if (ctx_->rank == root) std::memcpy(e.data.data(), data, count * sizeof(float));
+      e.algorithm->run();
+      std::memcpy(data, e.data.data(), count * sizeof(float));
+    });
+    if (!st.ok()) broadcasts_.erase(key);
+    return st;
+  }
+
+  // Throws like Gloo (called inside Guard).
+  void MakeRoom(size_t more_bytes) {
+    if (allgathers_.size() + broadcasts_.size() < kMaxBoundShapes &&
+        bound_bytes_ + more_bytes <= kMaxBoundBytes) {
+      return;
+    }
+    // A peer may still be sending into a buffer about to be deregistered; once
+    // every rank has passed a barrier, every earlier message has landed.
+    if (!barrier_) barrier_ = std::make_unique<gloo::BarrierAllToAll>(ctx_);
+    barrier_->run();
+    allgathers_.clear();
+    broadcasts_.clear();
+    bound_bytes_ = 0;
+  }
+
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  const GlooTransport transport_;
+  // Registered-buffer algorithms (ibverbs, or forced for tests) rather than
+  // Gloo's tagged unbound-buffer ones.
+  const bool bound_;
   std::chrono::milliseconds timeout_;
   uint32_t next_tag_ = 1;
   std::vector<float> gathered_;
+
+  std::map<size_t, BoundAllgather> allgathers_;                       // by count
+  std::map<std::pair<size_t, int>, BoundBroadcastEntry> broadcasts_;  // by count, root
+  std::unique_ptr<gloo::BarrierAllToAll> barrier_;
+  size_t bound_bytes_ = 0;  // staging bytes held by allgathers_ and broadcasts_
 };
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const GlooOptions& o) {
+absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> Connect(const GlooOptions& o,
+                                                                   GlooTransport transport) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", o.rank, " outside a group of ", o.world_size));
@@ -98,9 +233,25 @@ absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const Glo
   }
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   absl::Status st = Guard("rendezvous", [&] {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = o.host;
-    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    std::shared_ptr<gloo::transport::Device> dev;
+    if (transport == GlooTransport::kIbverbs) {
+#if RINGLANE_HAVE_IBVERBS
+      gloo::transport::ibverbs::attr attr;
+      attr.name = o.ibverbs_device;
+      if (attr.name.empty()) {
+        const std::vector<std::string> names = RdmaDeviceNames();
+        if (names.empty()) throw std::runtime_error("the RDMA device went away");
+        attr.name = names.front();
+      }
+      attr.port = o.ibverbs_port;
+      attr.index = o.ibverbs_index;
+      dev = gloo::transport::ibverbs::CreateDevice(attr);
+#endif
+    } else {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = o.host;
+      dev = gloo::transport::tcp::CreateDevice(attr);
+    }
     std::unique_ptr<gloo::rendezvous::Store> store;
     if (!o.rendezvous_address.empty()) {
       store = CreateGrpcStore(o.rendezvous_address, o.group, o.timeout);
@@ -115,10 +266,82 @@ absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const Glo
   return ctx;
 }
 
+}  // namespace
+
+const char* GlooTransportName(GlooTransport transport) {
+  return transport == GlooTransport::kIbverbs ? "ibverbs" : "tcp";
+}
+
+std::vector<std::string> RdmaDeviceNames() {
+  std::vector<std::string> names;
+#if RINGLANE_HAVE_IBVERBS
+  int n = 0;
+  // Null with no devices (or no RDMA kernel support): that is "no RDMA", not
+  // an error.
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr) return names;
+  for (int i = 0; i < n; ++i) names.emplace_back(ibv_get_device_name(list[i]));
+  ibv_free_device_list(list);
+  std::sort(names.begin(), names.end());
+#endif
+  return names;
+}
+
+absl::StatusOr<GlooTransport> ResolveGlooTransport(const GlooOptions& o) {
+  if (o.transport == "tcp") return GlooTransport::kTcp;
+  if (o.transport != "auto" && o.transport != "ibverbs") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo transport '", o.transport, "' is none of auto, tcp, ibverbs"));
+  }
+#if RINGLANE_HAVE_IBVERBS
+  const std::vector<std::string> names = RdmaDeviceNames();
+  if (!names.empty()) {
+    if (!o.ibverbs_device.empty() &&
+        std::find(names.begin(), names.end(), o.ibverbs_device) == names.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("RDMA device '", o.ibverbs_device,
+                                                        "' not found; this machine has ",
+                                                        absl::StrJoin(names, ", ")));
+    }
+    static std::once_flag logged;
+    std::call_once(logged, [&] {
+      RL_LOG(INFO) << "Gloo uses ibverbs ("
+                   << (o.ibverbs_device.empty() ? names.front() : o.ibverbs_device) << ")";
+    });
+    return GlooTransport::kIbverbs;
+  }
+  if (o.transport == "ibverbs") {
+    return absl::FailedPreconditionError(
+        "gloo transport 'ibverbs' requested, but no RDMA device found "
+        "(ibv_get_device_list lists none)");
+  }
+  static std::once_flag logged_tcp;
+  std::call_once(logged_tcp, [] { RL_LOG(INFO) << "no RDMA device found; Gloo uses TCP"; });
+#else
+  if (o.transport == "ibverbs") {
+    return absl::FailedPreconditionError(
+        "gloo transport 'ibverbs' requested, but this build has no rdma-core "
+        "(RINGLANE_WITH_RDMA=OFF or libibverbs not found)");
+  }
+  static std::once_flag logged;
+  std::call_once(logged, [] { RL_LOG(INFO) << "built without rdma-core; Gloo uses TCP"; });
+#endif
+  return GlooTransport::kTcp;
+}
+
+absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> ConnectGloo(const GlooOptions& o) {
+  absl::StatusOr<GlooTransport> transport = ResolveGlooTransport(o);
+  if (!transport.ok()) return transport.status();
+  return Connect(o, *transport);
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& o) {
-  auto ctx = ConnectGloo(o);
+  absl::StatusOr<GlooTransport> transport = ResolveGlooTransport(o);
+  if (!transport.ok()) return transport.status();
+  auto ctx = Connect(o, *transport);
   if (!ctx.ok()) return ctx.status();
-  return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(*ctx), o.timeout));
+  const bool bound = *transport == GlooTransport::kIbverbs || o.bound_buffers_for_testing;
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator(std::move(*ctx), *transport, bound, o.timeout));
 }
 
 }  // namespace ringlane::worker

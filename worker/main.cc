@@ -1,0 +1,318 @@
+// ringlane-worker: one tensor-parallel rank. Loads its shard of the model,
+// serves the Worker gRPC service (and, on rank 0 without --rendezvous, the
+// group's Rendezvous service), forms its group with the other ranks, and
+// drains on SIGTERM. With --listen port 0 it prints `LISTENING worker=host:port`
+// on stdout once it serves.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "services/flags_util.h"
+#include "services/log.h"
+#include "services/signals.h"
+#include "worker/kv_cache.h"
+#include "worker/model/model.h"
+#include "worker/model/shard.h"
+#include "worker/rendezvous/rendezvous.h"
+#include "worker/server/group.h"
+#include "worker/server/worker_metrics.h"
+#include "worker/server/worker_service.h"
+
+ABSL_FLAG(std::string, model, "", "model: a Hugging Face directory or a llama2.c .bin file");
+ABSL_FLAG(std::string, model_id, "",
+          "model id to report; default: the model's directory or file "
+          "name without extension");
+ABSL_FLAG(int, rank, 0, "this worker's rank in its tensor-parallel group");
+ABSL_FLAG(int, world_size, 1, "ranks in the group (tensor-parallel degree)");
+ABSL_FLAG(std::string, group, "default", "name of the worker group");
+ABSL_FLAG(std::string, rendezvous, "",
+          "host:port of the group's Rendezvous service; empty on rank 0 = serve it on --listen "
+          "(required on other ranks)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve gRPC on; port 0 picks one");
+ABSL_FLAG(std::string, collective_host, "",
+          "address the collectives bind to and advertise to peers; default: the --listen host "
+          "(127.0.0.1 when that is a wildcard)");
+ABSL_FLAG(std::string, transport, "auto",
+          "collectives transport: auto (ibverbs where an RDMA device exists, else TCP), tcp or "
+          "ibverbs");
+ABSL_FLAG(int, metrics_port, -1,
+          "Prometheus /metrics port on the --listen host; 0 picks one, "
+          "-1 = off");
+ABSL_FLAG(int, kv_blocks, 0,
+          "KV pool size in blocks; 0 = enough for 4 sequences of the "
+          "model's full context");
+ABSL_FLAG(int, block_size, 16, "KV block size in tokens");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or fp8");
+ABSL_FLAG(int, threads, 1, "compute threads of this rank");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (cuda is not built yet)");
+ABSL_FLAG(int, join_timeout_ms, 60000,
+          "how long to wait for the other ranks before logging who is missing");
+ABSL_FLAG(int, collective_timeout_ms, 30000,
+          "longest wait inside one collective before the group counts as broken");
+ABSL_FLAG(int, drain_timeout_ms, 10000,
+          "on SIGTERM, how long open streams may continue before they are cancelled");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace {
+
+namespace rw = ringlane::worker;
+namespace rs = ringlane::services;
+using rs::ExitWithUsageError;
+
+std::string ModelId(const std::string& path) {
+  std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) {
+    std::string name = p.filename().string();
+    if (name.empty()) name = p.parent_path().filename().string();
+    return name;
+  }
+  return p.stem().string();
+}
+
+// A revision string that changes when the weights do: a hash of the config and
+// weight files' names and sizes.
+std::string ModelRevision(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> parts;
+  std::error_code ec;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.is_regular_file()) {
+        parts.push_back(absl::StrCat(e.path().filename().string(), ":", e.file_size()));
+      }
+    }
+  } else {
+    parts.push_back(absl::StrCat(fs::path(path).filename().string(), ":", fs::file_size(path, ec)));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string all;
+  for (const auto& s : parts) absl::StrAppend(&all, s, "\n");
+  return absl::StrFormat("%016x", XXH64(all.data(), all.size(), 0));
+}
+
+bool IsWildcard(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "One tensor-parallel rank of a ringlane worker group.\n"
+      "  ringlane-worker --model=DIR_OR_BIN [--rank=R --world_size=W --rendezvous=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  rs::InstallShutdownSignalHandlers();
+
+  auto level = rs::ParseSeverity(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) ExitWithUsageError(absl::StrCat("--log_level: ", level.status().message()));
+  rs::SetMinLogSeverity(*level);
+
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  if (model_path.empty()) ExitWithUsageError("--model is required");
+  if (!std::filesystem::exists(model_path)) {
+    ExitWithUsageError(absl::StrCat("--model: ", model_path, " does not exist"));
+  }
+  const int world = absl::GetFlag(FLAGS_world_size);
+  const int rank = absl::GetFlag(FLAGS_rank);
+  if (world < 1 || world > 64) ExitWithUsageError("--world_size must be in [1, 64]");
+  if (rank < 0 || rank >= world) {
+    ExitWithUsageError(absl::StrCat("--rank must be in [0, ", world, ") for --world_size=", world));
+  }
+  const std::string group_name = absl::GetFlag(FLAGS_group);
+  if (group_name.empty() || group_name.find('/') != std::string::npos) {
+    ExitWithUsageError("--group must be a non-empty name without '/'");
+  }
+  std::string rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  if (!rendezvous.empty()) {
+    if (auto hp = rs::ParseHostPort(rendezvous); !hp.ok() || hp->second == 0) {
+      ExitWithUsageError(
+          absl::StrCat("--rendezvous: '", rendezvous, "' is not host:port with a non-zero port"));
+    }
+  } else if (world > 1 && rank != 0) {
+    ExitWithUsageError("--rendezvous is required on ranks other than 0");
+  }
+  auto listen = rs::ParseHostPort(absl::GetFlag(FLAGS_listen));
+  if (!listen.ok()) ExitWithUsageError(absl::StrCat("--listen: ", listen.status().message()));
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port != -1) {
+    if (absl::Status s = rs::ValidatePort(metrics_port); !s.ok()) {
+      ExitWithUsageError(absl::StrCat("--metrics_port: ", s.message()));
+    }
+  }
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 1 || threads > 256) ExitWithUsageError("--threads must be in [1, 256]");
+  const int block_size = absl::GetFlag(FLAGS_block_size);
+  if (block_size < 1 || block_size > 4096) ExitWithUsageError("--block_size must be in [1, 4096]");
+  int kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  if (kv_blocks < 0) ExitWithUsageError("--kv_blocks must be >= 0");
+  auto kv_dtype = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok() || *kv_dtype == rw::DType::kF16) {
+    ExitWithUsageError("--kv_dtype must be f32, bf16 or fp8");
+  }
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "auto" && transport != "tcp" && transport != "ibverbs") {
+    ExitWithUsageError("--transport must be auto, tcp or ibverbs");
+  }
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "cuda") {
+    ExitWithUsageError("--backend=cuda: this build has no CUDA backend yet; use --backend=cpu");
+  } else if (backend != "cpu") {
+    ExitWithUsageError(absl::StrCat("--backend: unknown backend '", backend, "' (cpu)"));
+  }
+  for (auto [name, v] : {std::pair{"--join_timeout_ms", absl::GetFlag(FLAGS_join_timeout_ms)},
+                         {"--collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
+                         {"--drain_timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms)}}) {
+    if (v < 1) ExitWithUsageError(absl::StrCat(name, " must be positive"));
+  }
+  rs::SetLogComponent(absl::StrCat("worker/", group_name, "/r", rank));
+
+  // The model: the whole file is mapped; the shard views only its part, so
+  // the pages this rank touches are its own.
+  const auto t0 = std::chrono::steady_clock::now();
+  RL_LOG(INFO) << "loading " << model_path << " (rank " << rank << " of " << world << ")";
+  auto full = rw::LoadModel(model_path);
+  if (!full.ok()) {
+    RL_LOG(ERROR) << "cannot load the model: " << full.status().message();
+    return 1;
+  }
+  std::shared_ptr<const rw::ModelWeights> shard(std::move(*full));
+  if (world > 1) {
+    auto s = rw::ShardModel(shard, rank, world);
+    if (!s.ok()) {
+      RL_LOG(ERROR) << "cannot shard the model " << world << " ways: " << s.status().message();
+      return 1;
+    }
+    shard = *s;
+  }
+  const rw::ModelConfig& cfg = shard->config;
+  const int context = cfg.max_position > 0 ? cfg.max_position : 2048;
+  if (kv_blocks == 0) kv_blocks = 4 * ((context + block_size - 1) / block_size);
+  const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype};
+  auto probe = rw::KvCache::Create(cfg.layers, shard->shard.kv_heads, cfg.head_dim,
+                                   {1, block_size, *kv_dtype});
+  if (!probe.ok()) {
+    RL_LOG(ERROR) << "KV pool: " << probe.status().message();
+    return 1;
+  }
+  const int64_t block_bytes = (*probe)->block_bytes();
+  probe->reset();
+  RL_LOG(INFO) << absl::StrFormat(
+      "model %s: %d layers, %d/%d heads (this rank %d, KV %d), vocab %d, context %d; "
+      "KV pool %d blocks x %d tokens, %s, %.1f MiB; loaded in %.0f ms",
+      model_path, cfg.layers, cfg.heads, cfg.kv_heads, shard->shard.heads, shard->shard.kv_heads,
+      cfg.vocab, context, kv_blocks, block_size, rw::DTypeName(*kv_dtype),
+      static_cast<double>(block_bytes) * kv_blocks / (1 << 20),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+
+  // Metrics first, so that a port clash fails before the group forms.
+  auto registry = std::make_shared<prometheus::Registry>();
+  rw::WorkerMetrics metrics(*registry, group_name, rank);
+  metrics.kv_pool_blocks->Set(kv_blocks);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (metrics_port >= 0) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(rs::JoinHostPort(listen->first, metrics_port),
+                                                      /*num_threads=*/1);
+    } catch (const std::exception& e) {
+      RL_LOG(ERROR) << "--metrics_port " << metrics_port << ": " << e.what();
+      return 1;
+    }
+    exposer->RegisterCollectable(registry);
+  }
+
+  rw::GroupOptions go;
+  go.name = group_name;
+  go.rank = rank;
+  go.world_size = world;
+  go.host = absl::GetFlag(FLAGS_collective_host);
+  if (go.host.empty()) go.host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;
+  go.join_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+  go.collective_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
+  go.kv_pool = pool;
+  go.transport = transport;
+  go.backend.threads = threads;
+  rw::GroupMember group(shard, go);
+
+  rw::WorkerIdentity id;
+  id.model_id =
+      absl::GetFlag(FLAGS_model_id).empty() ? ModelId(model_path) : absl::GetFlag(FLAGS_model_id);
+  id.model_revision = ModelRevision(model_path);
+  id.backend = backend;
+  id.group = group_name;
+  id.rank = rank;
+  id.world_size = world;
+  rw::WorkerService service(&group, cfg, pool, block_bytes, id, &metrics);
+  rw::RendezvousService rendezvous_service;
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  const bool serve_rendezvous = world > 1 && rendezvous.empty();
+  if (serve_rendezvous) builder.RegisterService(&rendezvous_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    RL_LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    return 1;
+  }
+  const std::string reach_host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;
+  if (serve_rendezvous) rendezvous = rs::JoinHostPort(reach_host, port);
+  // Known only now that the server has its port.
+  group.set_rendezvous_address(rendezvous);
+
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  auto set_health = [health](bool serving) {
+    if (health == nullptr) return;
+    health->SetServingStatus(serving);
+    health->SetServingStatus("ringlane.v1.Worker", serving);
+  };
+  set_health(false);
+  group.set_on_change([&](const rw::GroupMember::State& s) {
+    set_health(s.ready && !rs::ShutdownRequested());
+    metrics.group_ready->Set(s.ready ? 1 : 0);
+    metrics.group_epoch->Set(s.ready ? static_cast<double>(s.epoch) : 0);
+    if (s.ready) metrics.group_formations->Increment();
+  });
+  group.Start();
+
+  std::printf("LISTENING worker=%s\n", rs::JoinHostPort(reach_host, port).c_str());
+  if (exposer) {
+    std::vector<int> ports = exposer->GetListeningPorts();
+    std::printf("LISTENING metrics=%s\n",
+                rs::JoinHostPort(reach_host, ports.empty() ? metrics_port : ports[0]).c_str());
+  }
+  std::fflush(stdout);
+  RL_LOG(INFO) << "serving on " << rs::JoinHostPort(reach_host, port) << " (group '" << group_name
+               << "', rank " << rank << " of " << world
+               << (world > 1 ? absl::StrCat(", rendezvous ", rendezvous,
+                                            serve_rendezvous ? " served here" : "")
+                             : std::string())
+               << ")";
+
+  const int sig = rs::WaitForShutdownSignal();
+  RL_LOG(INFO) << "signal " << sig << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_ms)
+               << " ms for open streams)";
+  set_health(false);
+  service.Drain();
+  group.RequestStop();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
+  group.Stop();
+  RL_LOG(INFO) << "stopped";
+  return 0;
+}

@@ -1,0 +1,223 @@
+#include "worker/server/group.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "services/log.h"
+#include "worker/rendezvous/rendezvous.h"
+
+namespace ringlane::worker {
+
+GroupMember::GroupMember(std::shared_ptr<const ModelWeights> shard, GroupOptions options)
+    : shard_(std::move(shard)), options_(std::move(options)) {
+  state_.status = "starting";
+}
+
+GroupMember::~GroupMember() { Stop(); }
+
+void GroupMember::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void GroupMember::RequestStop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+}
+
+void GroupMember::Stop() {
+  RequestStop();
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&exec_mu_);
+  backend_.reset();
+  comm_.reset();
+}
+
+bool GroupMember::Stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+GroupMember::State GroupMember::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+void GroupMember::SetStatus(bool ready, int64_t epoch, std::string status) {
+  State s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ready && !state_.ready) ++state_.formations;
+    state_.ready = ready;
+    state_.epoch = epoch;
+    state_.status = std::move(status);
+    s = state_;
+  }
+  if (on_change_) on_change_(s);
+}
+
+void GroupMember::ReportFailure(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!broken_) {
+    broken_ = true;
+    broken_reason_ = std::string(status.message());
+  }
+}
+
+void GroupMember::Lease::Unlock::operator()(GroupMember* m) const { m->exec_mu_.Unlock(); }
+
+GroupMember::Lease::~Lease() = default;
+
+absl::StatusOr<GroupMember::Lease> GroupMember::Acquire(int64_t epoch) {
+  exec_mu_.Lock();
+  State s = state();
+  bool broken;
+  {
+    absl::MutexLock lock(&mu_);
+    broken = broken_;
+  }
+  absl::Status why;
+  if (!s.ready || backend_ == nullptr) {
+    why = absl::UnavailableError(
+        absl::StrCat("worker group '", options_.name, "' is not formed: ", s.status));
+  } else if (broken) {
+    why = absl::UnavailableError(
+        absl::StrCat("worker group '", options_.name, "' broke in epoch ", s.epoch));
+  } else if (epoch != 0 && epoch != s.epoch) {
+    why = absl::UnavailableError(
+        absl::StrCat("worker group '", options_.name, "' re-formed (epoch ", epoch, " -> ", s.epoch,
+                     "): the KV contents and lanes of epoch ", epoch, " are gone"));
+  }
+  if (!why.ok()) {
+    exec_mu_.Unlock();
+    return why;
+  }
+  return Lease(this, Formation{s.epoch, backend_.get(), comm_.get()});
+}
+
+void GroupMember::Loop() {
+  while (!Stopping()) FormAndServe();
+  SetStatus(false, 0, "stopped");
+}
+
+void GroupMember::FormAndServe() {
+  const GroupOptions& o = options_;
+  const std::string who = absl::StrCat("group '", o.name, "' rank ", o.rank, " of ", o.world_size);
+  int64_t epoch = 0;
+  std::string store_group;
+  if (o.world_size == 1) {
+    epoch = state().formations + 1;
+  } else {
+    // Join in short waits so that Stop() is honoured promptly; report a
+    // timeout once the configured wait has passed, then keep waiting.
+    SetStatus(false, 0, absl::StrCat("waiting for the other ranks at ", o.rendezvous_address));
+    const auto start = std::chrono::steady_clock::now();
+    bool reported = false;
+    for (;;) {
+      if (Stopping()) return;
+      const auto step =
+          std::min<std::chrono::milliseconds>(o.join_timeout, std::chrono::milliseconds(2000));
+      absl::StatusOr<GroupEpoch> e =
+          JoinGroup(o.rendezvous_address, o.name, o.rank, o.world_size, step);
+      if (e.ok()) {
+        epoch = e->epoch;
+        store_group = e->store_group;
+        break;
+      }
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      if (absl::IsFailedPrecondition(e.status()) || absl::IsInvalidArgument(e.status())) {
+        SetStatus(false, 0, std::string(e.status().message()));
+        RL_LOG(ERROR) << who << ": cannot join: " << e.status().message();
+        absl::SleepFor(absl::Seconds(1));
+        continue;
+      }
+      if (waited >= o.join_timeout && !reported) {
+        // The service names the missing ranks; the wait is ours.
+        std::string msg(e.status().message());
+        if (size_t cut = msg.find(" within "); cut != std::string::npos) msg.resize(cut);
+        msg = absl::StrCat("rendezvous timeout: ", msg, " within ", waited.count(),
+                           " ms; still waiting");
+        SetStatus(false, 0, msg);
+        RL_LOG(WARNING) << who << ": " << msg;
+        reported = true;
+      }
+      if (!absl::IsDeadlineExceeded(e.status())) absl::SleepFor(absl::Milliseconds(200));
+    }
+  }
+
+  std::unique_ptr<Communicator> comm;
+  if (o.world_size == 1) {
+    comm = CreateSingleRankCommunicator();
+  } else {
+    GlooOptions g;
+    g.rank = o.rank;
+    g.world_size = o.world_size;
+    g.host = o.host;
+    g.timeout = o.collective_timeout;
+    g.rendezvous_address = o.rendezvous_address;
+    g.group = store_group;
+    g.transport = o.transport;
+    absl::StatusOr<std::unique_ptr<Communicator>> c = CreateGlooCommunicator(g);
+    if (!c.ok()) {
+      RL_LOG(WARNING) << who << ": connecting the collectives of epoch " << epoch
+                      << " failed: " << c.status().message() << "; joining again";
+      SetStatus(false, 0, std::string(c.status().message()));
+      return;
+    }
+    comm = std::move(*c);
+  }
+  {
+    absl::MutexLock lock(&exec_mu_);
+    comm_ = std::make_unique<TimedCommunicator>(std::move(comm));
+    CpuBackendOptions bo = o.backend;
+    bo.comm = o.world_size > 1 ? comm_.get() : nullptr;
+    backend_ = CreateCpuBackend(shard_, bo);
+    if (absl::Status st = backend_->AllocateKvPool(o.kv_pool); !st.ok()) {
+      backend_.reset();
+      comm_.reset();
+      RL_LOG(ERROR) << who << ": KV pool of " << o.kv_pool.num_blocks
+                    << " blocks: " << st.message();
+      SetStatus(false, 0, absl::StrCat("KV pool: ", st.message()));
+      absl::SleepFor(absl::Seconds(5));
+      return;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    broken_ = false;
+    broken_reason_.clear();
+  }
+  SetStatus(true, epoch, "serving");
+  RL_LOG(INFO) << who << ": formed, epoch " << epoch << "; the KV pool (" << o.kv_pool.num_blocks
+               << " blocks) starts empty"
+               << (epoch > 1 ? ": KV contents of earlier epochs are gone" : "");
+
+  std::string reason;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || broken_; };
+      if (o.world_size == 1) mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Seconds(1));
+      if (stopping_) return;
+      if (broken_) {
+        reason = broken_reason_;
+        break;
+      }
+    }
+    if (o.world_size > 1 && WatchGroupBroken(o.rendezvous_address, o.name, epoch,
+                                             std::chrono::milliseconds(500), &reason)) {
+      if (Stopping()) return;  // the service went away because we are shutting down
+      break;
+    }
+  }
+  SetStatus(false, epoch, absl::StrCat("epoch ", epoch, " broke (", reason, "); re-forming"));
+  RL_LOG(WARNING) << who << ": epoch " << epoch << " broke: " << reason
+                  << "; dropping the KV pool and joining again";
+  absl::MutexLock lock(&exec_mu_);
+  backend_.reset();
+  comm_.reset();
+}
+
+}  // namespace ringlane::worker

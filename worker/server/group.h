@@ -1,0 +1,138 @@
+// This rank's membership of its tensor-parallel group, through the group's
+// life: join at the rendezvous, connect the collectives, build the backend
+// and its (empty) KV pool, serve, and when the group breaks (a collective
+// failed here, or another rank left and rejoined) tear everything down and
+// join again. Each formation has a new epoch; KV contents never survive one.
+//
+// A group of one rank forms at once, with no rendezvous.
+#ifndef RINGLANE_WORKER_SERVER_GROUP_H_
+#define RINGLANE_WORKER_SERVER_GROUP_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/backend/backend.h"
+#include "worker/collectives/timed_communicator.h"
+#include "worker/kv_cache.h"
+#include "worker/model/model.h"
+
+namespace ringlane::worker {
+
+struct GroupOptions {
+  std::string name = "default";
+  int rank = 0;
+  int world_size = 1;
+  // host:port of the Rendezvous service (world_size > 1).
+  std::string rendezvous_address;
+  // Address this rank's collectives bind to and advertise.
+  std::string host = "127.0.0.1";
+  // How long one Join waits for the other ranks before it logs who is
+  // missing (and tries again).
+  std::chrono::milliseconds join_timeout{60000};
+  // Longest wait inside one collective before the group counts as broken.
+  std::chrono::milliseconds collective_timeout{30000};
+  // Gloo transport: "auto", "tcp" or "ibverbs" (GlooOptions::transport).
+  std::string transport = "auto";
+  KvPoolSpec kv_pool;
+  CpuBackendOptions backend;  // `comm` is filled in per formation
+};
+
+// What a formed epoch offers the round loop. Valid while the Lease that
+// returned it is held.
+struct Formation {
+  int64_t epoch = 0;
+  Backend* backend = nullptr;
+  TimedCommunicator* comm = nullptr;
+};
+
+class GroupMember {
+ public:
+  GroupMember(std::shared_ptr<const ModelWeights> shard, GroupOptions options);
+  ~GroupMember();  // Stop()s
+
+  // Where the rendezvous is, when only known after construction (rank 0
+  // serving it on a port picked at start). Call before Start().
+  void set_rendezvous_address(std::string address) {
+    options_.rendezvous_address = std::move(address);
+  }
+
+  // Starts the formation loop in a thread of its own.
+  void Start();
+  // Ends the loop and releases the backend; waits for a running round.
+  void Stop();
+  // Tells the loop to end without waiting for it (so that a server shutting
+  // down next is not taken for a broken group); Stop() still must be called.
+  void RequestStop();
+
+  // Exclusive use of the current formation for one round (or a KV export or
+  // import). While held, the formation is not torn down.
+  class Lease {
+   public:
+    Lease(Lease&&) = default;
+    ~Lease();
+    const Formation& formation() const { return formation_; }
+
+   private:
+    friend class GroupMember;
+    Lease(GroupMember* m, Formation f) : member_(m), formation_(f) {}
+    struct Unlock {
+      void operator()(GroupMember* m) const;
+    };
+    std::unique_ptr<GroupMember, Unlock> member_;
+    Formation formation_;
+  };
+
+  // The formation of epoch `epoch` (0: whichever is current), or
+  // Unavailable saying why there is none (still forming, broken, moved on
+  // to another epoch whose KV contents are new).
+  absl::StatusOr<Lease> Acquire(int64_t epoch = 0);
+
+  // A round failed inside a collective or the backend: the group is broken;
+  // the loop tears it down and joins again.
+  void ReportFailure(const absl::Status& status);
+
+  // For GetInfo and health.
+  struct State {
+    int64_t epoch = 0;
+    bool ready = false;
+    std::string status;  // why not ready, or "serving"
+    int64_t formations = 0;
+  };
+  State state() const;
+  // Called (from the loop's thread) whenever ready changes.
+  void set_on_change(std::function<void(const State&)> f) { on_change_ = std::move(f); }
+
+ private:
+  void Loop();
+  // One formation: returns when it broke or Stop() was called.
+  void FormAndServe();
+  void SetStatus(bool ready, int64_t epoch, std::string status);
+  bool Stopping() const;
+
+  const std::shared_ptr<const ModelWeights> shard_;
+  GroupOptions options_;  // fixed once Start() is called
+  std::function<void(const State&)> on_change_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  std::string broken_reason_ ABSL_GUARDED_BY(mu_);
+
+  // Held by a Lease for the duration of one round, and by the loop while it
+  // builds or tears down a formation.
+  absl::Mutex exec_mu_;
+  std::unique_ptr<TimedCommunicator> comm_ ABSL_GUARDED_BY(exec_mu_);
+  std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(exec_mu_);
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_SERVER_GROUP_H_

@@ -1,0 +1,188 @@
+#include "worker/server/round_executor.h"
+
+#include <chrono>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace ringlane::worker {
+
+namespace v1 = ringlane::v1;
+
+absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
+  if (!p.has_temperature()) return absl::InvalidArgumentError("sampling.temperature is not set");
+  if (!p.has_seed()) return absl::InvalidArgumentError("sampling.seed is not set");
+  SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_k = p.top_k();
+  s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
+  s.min_p = p.min_p();
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.seed = p.seed();
+  if (p.top_logprobs() < 0 || p.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  s.top_logprobs = p.top_logprobs() > 0 ? p.top_logprobs() : (p.logprobs() ? 0 : -1);
+  if (absl::Status st = ValidateSamplingParams(s); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
+  }
+  return s;
+}
+
+RoundExecutor::RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer)
+    : backend_(backend), rank_(rank), timer_(timer) {}
+
+absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
+  std::set<uint64_t> seen;
+  for (int i = 0; i < plan.rows_size(); ++i) {
+    const v1::LaneStep& row = plan.rows(i);
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", i, " (lane ", row.lane_id(), "): ", why));
+    };
+    if (!seen.insert(row.lane_id()).second) return bad("the lane appears twice in the round");
+    auto it = lanes_.find(row.lane_id());
+    const bool known = it != lanes_.end();
+    const int64_t n = (row.use_last_sampled() ? 1 : 0) + row.token_ids_size();
+    if (!known && !row.has_sampling()) {
+      // Releasing a lane this rank never saw (its first plan was rejected)
+      // is harmless; anything else needs the lane's parameters.
+      if (n == 0 && row.release_lane()) continue;
+      return bad("unknown lane without sampling parameters");
+    }
+    if (known && row.has_sampling()) return bad("sampling parameters for a lane that has them");
+    if (!known) {
+      auto p = FromProto(row.sampling());
+      if (!p.ok()) return bad(std::string(p.status().message()));
+      if (row.choice_index() < 0) return bad("negative choice_index");
+    }
+    if (row.use_last_sampled() && !(known && it->second->has_last)) {
+      return bad("use_last_sampled before the lane sampled a token");
+    }
+    if (row.start_position() < 0) return bad("negative start_position");
+    const bool verify = row.verify_offsets_size() > 0;
+    if (row.sample_last() && verify) return bad("both sample_last and verify_offsets");
+    if ((row.sample_last() || verify) && n == 0) return bad("sampling from a row with no tokens");
+    if (verify) {
+      for (int k = 0; k < row.verify_offsets_size(); ++k) {
+        const int o = row.verify_offsets(k);
+        if (o < 0 || (k > 0 && o != row.verify_offsets(k - 1) + 1)) {
+          return bad("verify_offsets must be consecutive and non-negative");
+        }
+      }
+      if (row.verify_offsets(row.verify_offsets_size() - 1) != n - 1) {
+        return bad("the last verify offset must be the row's last position");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
+  v1::RoundResult result;
+  result.set_round_id(plan.round_id());
+  auto reject = [&](const absl::Status& st) {
+    result.mutable_error()->set_code(static_cast<int>(st.code()));
+    result.mutable_error()->set_message(std::string(st.message()));
+    return result;
+  };
+  last_sampled_ = 0;
+  last_accepted_ = 0;
+  if (absl::Status st = Validate(plan); !st.ok()) return reject(st);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  if (timer_) timer_->TakeElapsedUs();
+  // Rows with tokens become the backend's sequences, in row order.
+  RoundInput in;
+  std::vector<int> seq_of_row(plan.rows_size(), -1);
+  for (int i = 0; i < plan.rows_size(); ++i) {
+    const v1::LaneStep& row = plan.rows(i);
+    if (!row.use_last_sampled() && row.token_ids_size() == 0) continue;
+    SeqStep s;
+    s.start_position = row.start_position();
+    if (row.use_last_sampled()) s.tokens.push_back(lanes_.at(row.lane_id())->last_sampled);
+    s.tokens.insert(s.tokens.end(), row.token_ids().begin(), row.token_ids().end());
+    s.block_ids.assign(row.block_ids().begin(), row.block_ids().end());
+    if (row.sample_last()) {
+      s.logit_offsets.push_back(static_cast<int32_t>(s.tokens.size() - 1));
+    } else {
+      s.logit_offsets.assign(row.verify_offsets().begin(), row.verify_offsets().end());
+    }
+    seq_of_row[i] = static_cast<int>(in.seqs.size());
+    in.seqs.push_back(std::move(s));
+  }
+  RoundOutput out;
+  if (!in.seqs.empty()) {
+    absl::StatusOr<RoundOutput> o = backend_->Step(in);
+    if (!o.ok()) {
+      // The backend checks a round completely before its first collective, so
+      // every rank rejects the same plan without meeting the others.
+      if (absl::IsInvalidArgument(o.status())) return reject(o.status());
+      return o.status();
+    }
+    out = std::move(*o);
+  }
+
+  // The plan is accepted: create lanes, sample, release.
+  for (int i = 0; i < plan.rows_size(); ++i) {
+    const v1::LaneStep& row = plan.rows(i);
+    auto it = lanes_.find(row.lane_id());
+    if (it == lanes_.end()) {
+      if (!row.has_sampling()) continue;  // release of an unknown lane
+      it = lanes_
+               .emplace(row.lane_id(),
+                        std::make_unique<Lane>(*FromProto(row.sampling()),
+                                               static_cast<uint32_t>(row.choice_index())))
+               .first;
+    }
+    Lane& lane = *it->second;
+    const int seq = seq_of_row[i];
+    if (seq >= 0 && !in.seqs[seq].logit_offsets.empty()) {
+      const SeqStep& s = in.seqs[seq];
+      const std::vector<float>& logits = out.logits[seq];
+      v1::LaneOutput* lo = rank_ == 0 ? result.add_outputs() : nullptr;
+      if (lo) lo->set_lane_id(row.lane_id());
+      int accepted = 0;
+      for (size_t k = 0; k < s.logit_offsets.size(); ++k) {
+        const int32_t off = s.logit_offsets[k];
+        absl::Span<const float> row_logits(logits.data() + k * out.vocab, out.vocab);
+        SampleResult r = lane.sampler.Sample(row_logits, s.start_position + off + 1);
+        lane.sampler.Observe(r.token);
+        lane.last_sampled = r.token;
+        lane.has_last = true;
+        ++last_sampled_;
+        if (lo) {
+          v1::SampledToken* t = lo->add_tokens();
+          t->set_token_id(r.token);
+          t->set_logprob(r.logprob);
+          for (const TokenLogprob& alt : r.top) {
+            v1::TokenLogprob* a = t->add_top_logprobs();
+            a->set_token_id(alt.token);
+            a->set_logprob(alt.logprob);
+          }
+        }
+        // A draft is the input at the next offset; the first one that differs
+        // from the sample ends the row's output (that sample is the bonus).
+        const bool last = k + 1 == s.logit_offsets.size();
+        if (last || s.tokens[off + 1] != r.token) break;
+        ++accepted;
+      }
+      last_accepted_ += accepted;
+      if (lo) lo->set_accepted_draft_count(accepted);
+    }
+    if (row.release_lane()) lanes_.erase(it);
+  }
+  const int64_t total_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  const int64_t coll_us = timer_ ? timer_->TakeElapsedUs() : 0;
+  result.set_collective_time_us(coll_us);
+  result.set_compute_time_us(std::max<int64_t>(0, total_us - coll_us));
+  return result;
+}
+
+}  // namespace ringlane::worker

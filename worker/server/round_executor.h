@@ -1,0 +1,74 @@
+// Runs RoundPlans on one rank: checks a plan against the lanes this rank
+// knows, turns it into a backend round, samples every lane that asks for a
+// token with the lane's own generator, and keeps each lane's sampler state
+// and last sampled token. Every rank of a group runs the same plans through
+// an executor of its own and so samples the same tokens; that is what lets a
+// plan say "input = this lane's last sampled token" before the router has
+// seen it.
+//
+// Used by one thread at a time (the Rounds stream's).
+#ifndef RINGLANE_WORKER_SERVER_ROUND_EXECUTOR_H_
+#define RINGLANE_WORKER_SERVER_ROUND_EXECUTOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ringlane/v1/worker.pb.h"
+#include "worker/backend/backend.h"
+#include "worker/collectives/timed_communicator.h"
+#include "worker/sampler.h"
+
+namespace ringlane::worker {
+
+// The worker's sampling parameters for a plan's resolved ones.
+// InvalidArgument when temperature or seed is missing or a value is out of
+// range (ValidateSamplingParams).
+absl::StatusOr<SamplingParams> FromProto(const ringlane::v1::SamplingParams& p);
+
+class RoundExecutor {
+ public:
+  // `backend` is not owned and must outlive the executor. Rank 0 fills the
+  // results' outputs; other ranks only keep state.
+  // `timer` (optional, not owned) is the communicator the backend uses; its
+  // time goes into the results' collective_time_us.
+  RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer = nullptr);
+
+  // Runs one plan. A plan that fails validation (here or in the backend) is
+  // answered with result.error set (INVALID_ARGUMENT) and changes nothing. A
+  // non-OK return is an execution failure (a collective or the device): the
+  // executor's state is then undefined and the group unusable.
+  absl::StatusOr<ringlane::v1::RoundResult> Run(const ringlane::v1::RoundPlan& plan);
+
+  // Drops every lane (the stream that owned them ended).
+  void Clear() { lanes_.clear(); }
+  size_t num_lanes() const { return lanes_.size(); }
+  // Tokens sampled and drafts accepted by the last Run (on every rank, not
+  // only where they are reported).
+  int64_t last_sampled() const { return last_sampled_; }
+  int64_t last_accepted() const { return last_accepted_; }
+
+ private:
+  struct Lane {
+    Lane(const SamplingParams& p, uint32_t choice) : sampler(p, choice) {}
+    Sampler sampler;
+    bool has_last = false;
+    int32_t last_sampled = 0;
+  };
+
+  // OK, or the reason the plan is rejected. Touches nothing.
+  absl::Status Validate(const ringlane::v1::RoundPlan& plan) const;
+
+  Backend* const backend_;
+  const int rank_;
+  TimedCommunicator* const timer_;
+  std::map<uint64_t, std::unique_ptr<Lane>> lanes_;
+  int64_t last_sampled_ = 0;
+  int64_t last_accepted_ = 0;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_SERVER_ROUND_EXECUTOR_H_

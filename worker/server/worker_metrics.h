@@ -1,0 +1,39 @@
+// The Prometheus metrics of a worker rank (served on --metrics_port). Every
+// metric carries the labels group and rank.
+#ifndef RINGLANE_WORKER_SERVER_WORKER_METRICS_H_
+#define RINGLANE_WORKER_SERVER_WORKER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ringlane::worker {
+
+struct WorkerMetrics {
+  // Registers the metrics in `registry` (which must outlive this).
+  WorkerMetrics(prometheus::Registry& registry, const std::string& group, int rank);
+
+  prometheus::Counter* rounds_ok;
+  prometheus::Counter* rounds_rejected;
+  prometheus::Counter* rounds_failed;
+  prometheus::Counter* tokens_fed;
+  prometheus::Counter* tokens_sampled;
+  prometheus::Counter* drafts_accepted;
+  prometheus::Histogram* compute_seconds;
+  prometheus::Histogram* collective_seconds;
+  prometheus::Gauge* lanes;
+  prometheus::Gauge* group_ready;
+  prometheus::Gauge* group_epoch;
+  prometheus::Counter* group_formations;
+  prometheus::Gauge* kv_pool_blocks;
+  prometheus::Counter* kv_blocks_exported;
+  prometheus::Counter* kv_blocks_imported;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_SERVER_WORKER_METRICS_H_

@@ -1,0 +1,304 @@
+#include "worker/server/worker_service.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/log.h"
+#include "services/status_grpc.h"
+#include "worker/server/round_executor.h"
+
+namespace ringlane::worker {
+
+namespace v1 = ringlane::v1;
+
+namespace {
+
+constexpr int kDefaultChunkBytes = 1 << 20;
+
+int64_t UsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+      .count();
+}
+
+}  // namespace
+
+v1::DType ToProto(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return v1::DTYPE_F32;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+    case DType::kF16:
+      return v1::DTYPE_F16;
+    case DType::kFP8E4M3:
+      return v1::DTYPE_FP8_E4M3;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+WorkerService::WorkerService(GroupMember* group, const ModelConfig& config,
+                             const KvPoolSpec& kv_pool, int64_t kv_block_bytes, WorkerIdentity id,
+                             WorkerMetrics* metrics)
+    : group_(group),
+      config_(config),
+      kv_pool_(kv_pool),
+      kv_block_bytes_(kv_block_bytes),
+      id_(std::move(id)),
+      metrics_(metrics) {}
+
+grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                                    v1::WorkerInfo* info) {
+  info->set_model_id(id_.model_id);
+  info->set_model_revision(id_.model_revision);
+  info->set_num_layers(config_.layers);
+  info->set_num_heads(config_.heads);
+  info->set_num_kv_heads(config_.kv_heads);
+  info->set_head_dim(config_.head_dim);
+  info->set_vocab_size(config_.vocab);
+  info->set_max_context_tokens(config_.max_position);
+  info->set_tp_rank(id_.rank);
+  info->set_tp_world_size(id_.world_size);
+  info->set_kv_pool_blocks(kv_pool_.num_blocks);
+  info->set_block_size_tokens(kv_pool_.block_size);
+  info->set_kv_block_bytes(kv_block_bytes_);
+  info->set_kv_dtype(ToProto(kv_pool_.dtype));
+  info->set_weight_dtype(ToProto(config_.weight_dtype));
+  info->set_backend(id_.backend);
+  info->set_bos_token_id(config_.bos_id);
+  info->set_eos_token_id(config_.eos_id);
+  for (int i = 0; i < config_.layers; ++i) info->add_layer_cache_kinds(v1::CACHE_KIND_PAGED_KV);
+  GroupMember::State s = group_->state();
+  info->set_group(id_.group);
+  info->set_group_epoch(s.ready ? s.epoch : 0);
+  info->set_group_ready(s.ready && !draining_);
+  info->set_group_status(draining_ ? "draining" : s.status);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Rounds(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::RoundResult, v1::RoundPlan>* stream) {
+  if (draining_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is draining");
+  if (stream_open_.exchange(true)) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "a Rounds stream is already open on this worker");
+  }
+  struct Closer {
+    std::atomic<bool>* open;
+    ~Closer() { *open = false; }
+  } closer{&stream_open_};
+
+  int64_t epoch = 0;
+  Backend* backend = nullptr;
+  TimedCommunicator* comm = nullptr;
+  {
+    absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
+    if (!lease.ok()) return services::ToGrpcStatus(lease.status());
+    epoch = lease->formation().epoch;
+    backend = lease->formation().backend;
+    comm = lease->formation().comm;
+  }
+  // Per-lane state lives as long as the stream, and only within the epoch
+  // (the backend pointer is stable while the epoch lasts).
+  RoundExecutor exec(backend, id_.rank, comm);
+  RL_LOG(INFO) << "Rounds stream opened by " << ctx->peer() << " (epoch " << epoch << ")";
+  grpc::Status end = grpc::Status::OK;
+  v1::RoundPlan plan;
+  uint64_t rounds = 0;
+  while (stream->Read(&plan)) {
+    const auto arrived = std::chrono::steady_clock::now();
+    if (draining_) {
+      end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is draining");
+      break;
+    }
+    absl::StatusOr<v1::RoundResult> r;
+    int64_t queue_us = 0;
+    {
+      absl::StatusOr<GroupMember::Lease> lease = group_->Acquire(epoch);
+      if (!lease.ok()) {
+        end = services::ToGrpcStatus(lease.status());
+        break;
+      }
+      queue_us = UsSince(arrived);
+      r = exec.Run(plan);
+    }
+    if (!r.ok()) {
+      // A collective or the device failed: this group is done; the loop
+      // re-forms it, and the other ranks learn it from the rendezvous.
+      group_->ReportFailure(r.status());
+      if (metrics_) metrics_->rounds_failed->Increment();
+      RL_LOG(ERROR) << "round " << plan.round_id() << " failed in epoch " << epoch << ": "
+                    << r.status().message();
+      end = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         absl::StrCat("round ", plan.round_id(), " failed: ", r.status().message(),
+                                      "; the worker group re-forms and its KV contents are lost"));
+      break;
+    }
+    r->set_queue_time_us(queue_us);
+    if (metrics_) {
+      if (r->has_error()) {
+        metrics_->rounds_rejected->Increment();
+      } else {
+        metrics_->rounds_ok->Increment();
+        int64_t fed = 0;
+        for (const v1::LaneStep& row : plan.rows()) {
+          fed += row.token_ids_size() + (row.use_last_sampled() ? 1 : 0);
+        }
+        metrics_->tokens_fed->Increment(static_cast<double>(fed));
+        metrics_->tokens_sampled->Increment(static_cast<double>(exec.last_sampled()));
+        metrics_->drafts_accepted->Increment(static_cast<double>(exec.last_accepted()));
+        metrics_->compute_seconds->Observe(r->compute_time_us() * 1e-6);
+        metrics_->collective_seconds->Observe(r->collective_time_us() * 1e-6);
+      }
+      metrics_->lanes->Set(static_cast<double>(exec.num_lanes()));
+    }
+    if (r->has_error()) {
+      RL_LOG(WARNING) << "round " << plan.round_id() << " rejected: " << r->error().message();
+    }
+    ++rounds;
+    if (!stream->Write(*r)) break;  // the client went away
+  }
+  if (metrics_) metrics_->lanes->Set(0);
+  RL_LOG(INFO) << "Rounds stream from " << ctx->peer() << " ended after " << rounds << " rounds, "
+               << exec.num_lanes() << " lanes dropped"
+               << (end.ok() ? "" : absl::StrCat(": ", end.error_message()));
+  return end;
+}
+
+v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash) const {
+  v1::BlockKey k;
+  k.set_model_id(id_.model_id);
+  k.set_prefix_hash(prefix_hash);
+  k.set_rank(id_.rank);
+  k.set_tp_world_size(id_.world_size);
+  k.set_kv_dtype(ToProto(kv_pool_.dtype));
+  k.set_block_size_tokens(kv_pool_.block_size);
+  return k;
+}
+
+grpc::Status WorkerService::ExportKvBlocks(grpc::ServerContext* ctx,
+                                           const v1::ExportKvBlocksRequest* req,
+                                           grpc::ServerWriter<v1::KvBlockChunk>* writer) {
+  if (req->prefix_hashes_size() != 0 && req->prefix_hashes_size() != req->block_ids_size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(req->block_ids_size(), " block ids but ",
+                                     req->prefix_hashes_size(), " prefix hashes"));
+  }
+  if (req->max_chunk_bytes() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "negative max_chunk_bytes");
+  }
+  const int64_t chunk = req->max_chunk_bytes() > 0 ? req->max_chunk_bytes() : kDefaultChunkBytes;
+  std::vector<uint8_t> payload;
+  for (int i = 0; i < req->block_ids_size(); ++i) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    {
+      absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
+      if (!lease.ok()) return services::ToGrpcStatus(lease.status());
+      absl::Status st = lease->formation().backend->ExportKvBlock(req->block_ids(i), &payload);
+      if (!st.ok()) return services::ToGrpcStatus(st);
+    }
+    const uint64_t sum = XXH64(payload.data(), payload.size(), 0);
+    const v1::BlockKey key = KeyFor(req->prefix_hashes_size() ? req->prefix_hashes(i) : "");
+    for (int64_t off = 0; off < static_cast<int64_t>(payload.size()) || off == 0; off += chunk) {
+      v1::KvBlockChunk c;
+      *c.mutable_key() = key;
+      c.set_block_id(req->block_ids(i));
+      c.set_offset_bytes(off);
+      c.set_total_bytes(static_cast<int64_t>(payload.size()));
+      const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(payload.size()) - off);
+      c.set_data(payload.data() + off, static_cast<size_t>(n));
+      c.set_payload_xxh64(sum);
+      if (!writer->Write(c)) return grpc::Status::CANCELLED;
+      if (payload.empty()) break;
+    }
+    if (metrics_) metrics_->kv_blocks_exported->Increment();
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ImportKvBlocks(grpc::ServerContext*,
+                                           grpc::ServerReader<v1::KvBlockChunk>* reader,
+                                           v1::ImportKvBlocksResponse* resp) {
+  auto fail = [](grpc::StatusCode code, const std::string& msg) { return grpc::Status(code, msg); };
+  v1::KvBlockChunk c;
+  std::string payload;
+  int32_t block = -1;
+  int64_t total = 0;
+  uint64_t sum = 0;
+  int blocks = 0;
+  int64_t bytes = 0;
+  auto finish_block = [&]() -> grpc::Status {
+    if (XXH64(payload.data(), payload.size(), 0) != sum) {
+      return fail(grpc::StatusCode::DATA_LOSS,
+                  absl::StrCat("block ", block, ": payload checksum mismatch"));
+    }
+    absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
+    if (!lease.ok()) return services::ToGrpcStatus(lease.status());
+    absl::Status st = lease->formation().backend->ImportKvBlock(
+        block,
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+    if (!st.ok()) return services::ToGrpcStatus(st);
+    ++blocks;
+    bytes += static_cast<int64_t>(payload.size());
+    if (metrics_) metrics_->kv_blocks_imported->Increment();
+    block = -1;
+    return grpc::Status::OK;
+  };
+  while (reader->Read(&c)) {
+    const v1::BlockKey& k = c.key();
+    const v1::BlockKey mine = KeyFor(k.prefix_hash());
+    if (k.model_id() != mine.model_id() || k.rank() != mine.rank() ||
+        k.tp_world_size() != mine.tp_world_size() || k.kv_dtype() != mine.kv_dtype() ||
+        k.block_size_tokens() != mine.block_size_tokens()) {
+      return fail(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("block for model '", k.model_id(), "' rank ", k.rank(), " of ",
+                       k.tp_world_size(), ", kv dtype ", k.kv_dtype(), ", block size ",
+                       k.block_size_tokens(), " does not fit this rank (model '", mine.model_id(),
+                       "' rank ", mine.rank(), " of ", mine.tp_world_size(), ", kv dtype ",
+                       mine.kv_dtype(), ", block size ", mine.block_size_tokens(), ")"));
+    }
+    if (c.total_bytes() != kv_block_bytes_) {
+      return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("block payload of ", c.total_bytes(), " bytes; this rank's are ",
+                               kv_block_bytes_));
+    }
+    if (block < 0) {
+      if (c.offset_bytes() != 0) {
+        return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                    absl::StrCat("block ", c.block_id(), " starts at offset ", c.offset_bytes()));
+      }
+      block = c.block_id();
+      total = c.total_bytes();
+      sum = c.payload_xxh64();
+      payload.clear();
+    } else if (c.block_id() != block || c.offset_bytes() != static_cast<int64_t>(payload.size()) ||
+               c.payload_xxh64() != sum) {
+      return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("chunk of block ", c.block_id(), " at offset ", c.offset_bytes(),
+                               " does not continue block ", block, " at ", payload.size()));
+    }
+    if (static_cast<int64_t>(payload.size() + c.data().size()) > total) {
+      return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                  absl::StrCat("block ", block, ": more data than its ", total, " bytes"));
+    }
+    payload += c.data();
+    if (static_cast<int64_t>(payload.size()) == total) {
+      if (grpc::Status st = finish_block(); !st.ok()) return st;
+    }
+  }
+  if (block >= 0) {
+    return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("stream ended inside block ", block, " (", payload.size(), " of ",
+                             total, " bytes)"));
+  }
+  resp->set_num_blocks(blocks);
+  resp->set_total_bytes(bytes);
+  return grpc::Status::OK;
+}
+
+}  // namespace ringlane::worker

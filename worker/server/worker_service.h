@@ -1,0 +1,67 @@
+// The gRPC Worker service of one rank (proto/ringlane/v1/worker.proto): model
+// and shard info, the Rounds stream, KV block export and import. Rounds run
+// on the group's current formation (GroupMember); a stream is tied to the
+// epoch it started in and ends with UNAVAILABLE when the group breaks.
+#ifndef RINGLANE_WORKER_SERVER_WORKER_SERVICE_H_
+#define RINGLANE_WORKER_SERVER_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "ringlane/v1/worker.grpc.pb.h"
+#include "worker/server/group.h"
+#include "worker/server/worker_metrics.h"
+
+namespace ringlane::worker {
+
+struct WorkerIdentity {
+  std::string model_id;
+  std::string model_revision;
+  std::string backend = "cpu";
+  std::string group;
+  int rank = 0;
+  int world_size = 1;
+};
+
+class WorkerService final : public ringlane::v1::Worker::Service {
+ public:
+  // `group` and `metrics` (optional) are not owned and must outlive the service.
+  WorkerService(GroupMember* group, const ModelConfig& config, const KvPoolSpec& kv_pool,
+                int64_t kv_block_bytes, WorkerIdentity id, WorkerMetrics* metrics);
+
+  grpc::Status GetInfo(grpc::ServerContext* ctx, const ringlane::v1::GetInfoRequest* req,
+                       ringlane::v1::WorkerInfo* info) override;
+  grpc::Status Rounds(grpc::ServerContext* ctx,
+                      grpc::ServerReaderWriter<ringlane::v1::RoundResult, ringlane::v1::RoundPlan>*
+                          stream) override;
+  grpc::Status ExportKvBlocks(grpc::ServerContext* ctx,
+                              const ringlane::v1::ExportKvBlocksRequest* req,
+                              grpc::ServerWriter<ringlane::v1::KvBlockChunk>* writer) override;
+  grpc::Status ImportKvBlocks(grpc::ServerContext* ctx,
+                              grpc::ServerReader<ringlane::v1::KvBlockChunk>* reader,
+                              ringlane::v1::ImportKvBlocksResponse* resp) override;
+
+  // Refuses new Rounds streams and ends the open one after its plan in
+  // progress (drain on SIGTERM).
+  void Drain() { draining_ = true; }
+
+ private:
+  ringlane::v1::BlockKey KeyFor(const std::string& prefix_hash) const;
+
+  GroupMember* const group_;
+  const ModelConfig config_;
+  const KvPoolSpec kv_pool_;
+  const int64_t kv_block_bytes_;
+  const WorkerIdentity id_;
+  WorkerMetrics* const metrics_;
+  std::atomic<bool> stream_open_{false};
+  std::atomic<bool> draining_{false};
+};
+
+// The DType enum of the contracts for the engine's.
+ringlane::v1::DType ToProto(DType t);
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_SERVER_WORKER_SERVICE_H_
