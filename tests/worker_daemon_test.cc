@@ -86,7 +86,7 @@ std::vector<std::string> RankArgs(const Group& g, int rank, int world) {
 // Starts `world` ranks (rank 0 serves the rendezvous); `extra` goes to all.
 Group StartGroup(int world, std::vector<std::string> extra = {}) {
   Group g;
-  g.args = {"--model=" + Model(), "--threads=1", "--log_level=info"};
+  g.args = {"--model=" + Model(), "--threads=1", "--log_level=info", "--listen=127.0.0.1:0"};
   g.args.insert(g.args.end(), extra.begin(), extra.end());
   for (int r = 0; r < world; ++r) {
     auto d = Daemon::Start(kWorker, RankArgs(g, r, world));
@@ -168,6 +168,7 @@ TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
       {{m, "--collective_timeout_ms=0"}, "--collective_timeout_ms must be positive"},
       {{m, "--log_level=loud"}, "--log_level"},
       {{m, "--transport=carrier-pigeon"}, "--transport must be auto, tcp or ibverbs"},
+      {{m, "--tcp_wait=sometimes"}, "--tcp_wait must be blocking, busy_poll or async"},
       // Model problems are found at load time and exit 1.
       {{"--model=" + SourcePath("deploy/models/stories260K/golden.json")}, "cannot load"},
       {{m, "--world_size=3", "--rendezvous=127.0.0.1:1"}, "cannot shard"},

@@ -3,6 +3,7 @@
 // group's Rendezvous service), forms its group with the other ranks, and
 // drains on SIGTERM. With --listen port 0 it prints `LISTENING worker=host:port`
 // on stdout once it serves.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <xxhash.h>
@@ -42,13 +43,17 @@ ABSL_FLAG(std::string, group, "default", "name of the worker group");
 ABSL_FLAG(std::string, rendezvous, "",
           "host:port of the group's Rendezvous service; empty on rank 0 = serve it on --listen "
           "(required on other ranks)");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0", "host:port to serve gRPC on; port 0 picks one");
+ABSL_FLAG(std::string, listen, "",
+          "host:port to serve gRPC on; default 127.0.0.1:(50061 + rank); port 0 picks one");
 ABSL_FLAG(std::string, collective_host, "",
           "address the collectives bind to and advertise to peers; default: the --listen host "
           "(127.0.0.1 when that is a wildcard)");
 ABSL_FLAG(std::string, transport, "auto",
           "collectives transport: auto (ibverbs where an RDMA device exists, else TCP), tcp or "
           "ibverbs");
+ABSL_FLAG(std::string, tcp_wait, "blocking",
+          "how a TCP rank waits for peers: blocking (reads its sockets itself), busy_poll (spins; "
+          "only when every rank has a core of its own) or async (Gloo's device thread)");
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics port on the --listen host; 0 picks one, "
           "-1 = off");
@@ -145,7 +150,9 @@ int main(int argc, char** argv) {
   } else if (world > 1 && rank != 0) {
     ExitWithUsageError("--rendezvous is required on ranks other than 0");
   }
-  auto listen = rs::ParseHostPort(absl::GetFlag(FLAGS_listen));
+  std::string listen_flag = absl::GetFlag(FLAGS_listen);
+  if (listen_flag.empty()) listen_flag = absl::StrCat("127.0.0.1:", 50061 + rank);
+  auto listen = rs::ParseHostPort(listen_flag);
   if (!listen.ok()) ExitWithUsageError(absl::StrCat("--listen: ", listen.status().message()));
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port != -1) {
@@ -166,6 +173,10 @@ int main(int argc, char** argv) {
   const std::string transport = absl::GetFlag(FLAGS_transport);
   if (transport != "auto" && transport != "tcp" && transport != "ibverbs") {
     ExitWithUsageError("--transport must be auto, tcp or ibverbs");
+  }
+  const std::string tcp_wait = absl::GetFlag(FLAGS_tcp_wait);
+  if (tcp_wait != "blocking" && tcp_wait != "busy_poll" && tcp_wait != "async") {
+    ExitWithUsageError("--tcp_wait must be blocking, busy_poll or async");
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "cuda") {
@@ -244,6 +255,7 @@ int main(int argc, char** argv) {
   go.collective_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
   go.kv_pool = pool;
   go.transport = transport;
+  go.tcp_wait = tcp_wait;
   go.backend.threads = threads;
   rw::GroupMember group(shard, go);
 
@@ -259,15 +271,16 @@ int main(int argc, char** argv) {
   rw::RendezvousService rendezvous_service;
 
   grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen_flag, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   const bool serve_rendezvous = world > 1 && rendezvous.empty();
   if (serve_rendezvous) builder.RegisterService(&rendezvous_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    RL_LOG(ERROR) << "cannot listen on " << absl::GetFlag(FLAGS_listen);
+    RL_LOG(ERROR) << "cannot listen on " << listen_flag << " (in use? --listen picks another)";
     return 1;
   }
   const std::string reach_host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;

@@ -42,12 +42,14 @@ listening() {
   return 1
 }
 
-common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local
-        --listen=127.0.0.1:0 --metrics_port=0)
-"$WORKER" "${common[@]}" --rank=0 >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
+# Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
+common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0)
+"$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
+  >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
 pids+=($!)
 rank0=$(listening "$LOGS/rank0.out" "${pids[0]}")
-"$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
+"$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" --listen="127.0.0.1:${PORT1:-50062}" \
+  >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
 pids+=($!)
 rank1=$(listening "$LOGS/rank1.out" "${pids[1]}")
 echo "serve: TP2 worker group 'local': rank 0 at $rank0, rank 1 at $rank1" \

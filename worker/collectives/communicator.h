@@ -74,6 +74,14 @@ struct GlooOptions {
   // registered-buffer algorithms) over whichever transport is chosen, so that
   // this path is exercised on machines without RDMA hardware.
   bool bound_buffers_for_testing = false;
+  // TCP only: how a rank waits for its peers' bytes. "blocking" (default):
+  // the waiting thread reads its socket itself. "async" (Gloo's own default):
+  // a device thread per process reads the sockets and wakes the waiting
+  // thread; measured 10x slower per decode round (README, "Worker groups").
+  // "busy_poll": the waiting thread spins on the socket, for ranks that each
+  // own a core (it burns that core while it waits). "blocking" and
+  // "busy_poll" run Gloo's registered-buffer algorithms.
+  std::string tcp_wait = "blocking";
 };
 
 // Connects a full mesh of `world_size` ranks over the transport that

@@ -339,7 +339,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooO
   if (!transport.ok()) return transport.status();
   auto ctx = Connect(o, *transport);
   if (!ctx.ok()) return ctx.status();
-  const bool bound = *transport == GlooTransport::kIbverbs || o.bound_buffers_for_testing;
+  if (o.tcp_wait != "async" && o.tcp_wait != "blocking" && o.tcp_wait != "busy_poll") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo tcp_wait '", o.tcp_wait, "' is none of async, blocking, busy_poll"));
+  }
+  const bool sync = *transport == GlooTransport::kTcp && o.tcp_wait != "async";
+  if (sync) {
+    absl::Status st = Guard("tcp_wait", [&] {
+      for (int i = 0; i < (*ctx)->size; ++i) {
+        if (i != (*ctx)->rank) (*ctx)->getPair(i)->setSync(true, o.tcp_wait == "busy_poll");
+      }
+    });
+    if (!st.ok()) return st;
+  }
+  const bool bound = *transport == GlooTransport::kIbverbs || o.bound_buffers_for_testing || sync;
   return std::unique_ptr<Communicator>(
       new GlooCommunicator(std::move(*ctx), *transport, bound, o.timeout));
 }

@@ -159,6 +159,7 @@ void GroupMember::FormAndServe() {
     g.rendezvous_address = o.rendezvous_address;
     g.group = store_group;
     g.transport = o.transport;
+    g.tcp_wait = o.tcp_wait;
     absl::StatusOr<std::unique_ptr<Communicator>> c = CreateGlooCommunicator(g);
     if (!c.ok()) {
       RL_LOG(WARNING) << who << ": connecting the collectives of epoch " << epoch

@@ -39,6 +39,8 @@ struct GroupOptions {
   std::chrono::milliseconds collective_timeout{30000};
   // Gloo transport: "auto", "tcp" or "ibverbs" (GlooOptions::transport).
   std::string transport = "auto";
+  // How TCP ranks wait for their peers (GlooOptions::tcp_wait).
+  std::string tcp_wait = "blocking";
   KvPoolSpec kv_pool;
   CpuBackendOptions backend;  // `comm` is filled in per formation
 };
