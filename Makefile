@@ -28,12 +28,12 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
-# Serves the bundled model: two worker daemons as one TP2 group on loopback,
-# driven by the command-line generator (type a prompt, get streamed text)
-# until the router and its APIs exist.
+# Serves the bundled model: two worker daemons as one TP2 group and the
+# router in front of them on loopback, the gRPC API on 127.0.0.1:50051; the
+# gRPC client runs in the foreground (type a prompt, get streamed text).
 serve: build
 	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
-	  deploy/local/serve_tp2.sh "$(PROMPT)"
+	  deploy/local/serve.sh "$(PROMPT)"
 
 # The generator over the engine in one process (no daemons).
 generate: build

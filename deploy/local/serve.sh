@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The local cluster of `make serve`: two ringlane-worker ranks as one TP2
+# group and a ringlane-router in front of them, all on loopback; the gRPC
+# Generate API on $ROUTER_LISTEN (127.0.0.1:50051). With PROMPT it runs the
+# gRPC client once and stops everything (a smoke test); without, it runs the
+# client on stdin lines when stdin is a terminal, then keeps serving until
+# Ctrl-C, which stops every process it started.
+#
+#   deploy/local/serve.sh [PROMPT]   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN from the env)
+set -euo pipefail
+
+BUILD=${BUILD:-build}
+MODEL=${MODEL:-deploy/models/stories260K/stories260K.bin}
+TOKENIZER=${TOKENIZER:-deploy/models/stories260K/tok512.bin}
+THREADS=${THREADS:-1}  # per rank
+ROUTER_LISTEN=${ROUTER_LISTEN:-127.0.0.1:50051}
+PROMPT=${1:-}
+LOGS="$BUILD/serve"
+WORKER="$BUILD/worker/ringlane-worker"
+ROUTER="$BUILD/router/ringlane-router"
+CLIENT="$BUILD/tools/ringlane-generate-client"
+mkdir -p "$LOGS"
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Waits for "LISTENING $3=HOST:PORT" in $1 (stdout of process $2).
+listening() {
+  local out=$1 pid=$2 name=$3
+  for _ in $(seq 1 600); do
+    if grep -q "^LISTENING $name=" "$out" 2>/dev/null; then
+      sed -n "s/^LISTENING $name=//p" "$out" | head -n1
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "serve: $name exited; its log:" >&2
+      cat "${out%.out}.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+  echo "serve: $name did not start within 60 s; see ${out%.out}.log" >&2
+  return 1
+}
+
+# Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
+common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0)
+"$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
+  >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
+pids+=($!)
+rank0=$(listening "$LOGS/rank0.out" "${pids[0]}" worker)
+"$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" --listen="127.0.0.1:${PORT1:-50062}" \
+  >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
+pids+=($!)
+rank1=$(listening "$LOGS/rank1.out" "${pids[1]}" worker)
+"$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
+  >"$LOGS/router.out" 2>"$LOGS/router.log" &
+pids+=($!)
+router=$(listening "$LOGS/router.out" "${pids[2]}" router)
+echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1); logs in $LOGS/" >&2
+echo "serve: try  $CLIENT --router=$router --prompt='Once upon a time'" >&2
+
+if [ -n "$PROMPT" ]; then
+  exec_rc=0
+  "$CLIENT" --router="$router" --prompt="$PROMPT" || exec_rc=$?
+  exit $exec_rc
+elif [ -t 0 ]; then
+  echo "serve: type a prompt per line (Ctrl-D: keep serving, Ctrl-C: stop)" >&2
+  "$CLIENT" --router="$router" || true
+fi
+echo "serve: serving at $router until Ctrl-C" >&2
+wait "${pids[2]}"

@@ -1,0 +1,147 @@
+// ringlane-router: drives worker groups with RoundPlans and serves the public
+// gRPC Generate API. With --listen port 0 it prints `LISTENING router=host:port`
+// on stdout once it serves. It starts serving before any worker group is
+// ready (health says NOT_SERVING, Generate says UNAVAILABLE) and keeps trying
+// to connect, so start order does not matter.
+//
+// The router never reads the model: token ids, context and KV geometry come
+// from the workers, so the only model file it needs is the tokenizer, named
+// by --tokenizer (a file, or a model directory to search as LoadTokenizer
+// does).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "router/generate_service.h"
+#include "router/router.h"
+#include "router/seed.h"
+#include "router/tokenizer/tokenizer.h"
+#include "services/flags_util.h"
+#include "services/log.h"
+#include "services/signals.h"
+
+ABSL_FLAG(std::string, workers, "",
+          "worker groups: each group's rank addresses in rank order, comma-separated; groups "
+          "separated by ';' (e.g. 'a:1,b:2;c:3,d:4')");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "host:port of the gRPC API; port 0 picks one");
+ABSL_FLAG(std::string, tokenizer, "",
+          "tokenizer file (tokenizer.json, *.model, llama2.c *.bin) or a model directory holding "
+          "one; required, since the router never reads the model itself");
+ABSL_FLAG(std::string, model_id, "", "served model id; empty = the workers' model id");
+ABSL_FLAG(double, default_temperature, 0, "temperature of requests that give none");
+ABSL_FLAG(std::string, seed_policy, "derived",
+          "seed of requests that give none: derived (from prompt and parameters) or random");
+ABSL_FLAG(int, max_waiting, 256,
+          "choices waiting for a lane per group; beyond: RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_lanes, 32, "lanes running at once per group");
+ABSL_FLAG(int, round_token_budget, 512, "tokens fed per round (decode rows plus prefill chunks)");
+ABSL_FLAG(double, itl_target_ms, 50,
+          "target inter-token latency of decoding lanes while prompts prefill; 0 = none");
+ABSL_FLAG(int, min_prefill_chunk, 16, "prompt tokens per round even when the target is missed");
+ABSL_FLAG(int, max_choices, 16, "largest n of one request");
+ABSL_FLAG(int, max_tokens_default, 0,
+          "max_tokens of requests that give none; 0 = up to the context limit");
+ABSL_FLAG(int, connect_timeout_ms, 3000, "how long one attempt to connect a worker group waits");
+ABSL_FLAG(int, drain_timeout_ms, 5000, "how long running calls may finish on SIGTERM");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace rs = ringlane::services;
+namespace rr = ringlane::router;
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ringlane-router --workers=host:port[,host:port...][;...] --tokenizer=PATH "
+      "[--listen=127.0.0.1:50051]");
+  absl::ParseCommandLine(argc, argv);
+  rs::InstallShutdownSignalHandlers();
+  rs::SetLogComponent("router");
+
+  auto level = rs::ParseSeverity(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) rs::ExitWithUsageError(absl::StrCat("--log_level: ", level.status().message()));
+  rs::SetMinLogSeverity(*level);
+
+  rr::RouterOptions o;
+  const std::string workers = absl::GetFlag(FLAGS_workers);
+  if (workers.empty()) rs::ExitWithUsageError("--workers is required");
+  for (absl::string_view g : absl::StrSplit(workers, ';')) {
+    std::vector<std::string> ranks;
+    for (absl::string_view a : absl::StrSplit(g, ',')) {
+      if (auto hp = rs::ParseHostPort(std::string(a)); !hp.ok() || hp->second == 0) {
+        rs::ExitWithUsageError(absl::StrCat("--workers: bad address '", std::string(a),
+                                            "': ", hp.ok() ? "port 0" : hp.status().message()));
+      }
+      ranks.emplace_back(a);
+    }
+    o.groups.push_back(std::move(ranks));
+  }
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (auto hp = rs::ParseHostPort(listen); !hp.ok()) {
+    rs::ExitWithUsageError(absl::StrCat("--listen: ", hp.status().message()));
+  }
+  const std::string tok_path = absl::GetFlag(FLAGS_tokenizer);
+  if (tok_path.empty()) rs::ExitWithUsageError("--tokenizer is required");
+  o.model_id = absl::GetFlag(FLAGS_model_id);
+  o.default_temperature = static_cast<float>(absl::GetFlag(FLAGS_default_temperature));
+  if (!(o.default_temperature >= 0 && o.default_temperature <= 100)) {
+    rs::ExitWithUsageError("--default_temperature must be in [0, 100]");
+  }
+  auto policy = rr::ParseSeedPolicy(absl::GetFlag(FLAGS_seed_policy));
+  if (!policy.ok())
+    rs::ExitWithUsageError(absl::StrCat("--seed_policy: ", policy.status().message()));
+  o.seed_policy = *policy;
+  o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  if (o.max_waiting < 1) rs::ExitWithUsageError("--max_waiting must be >= 1");
+  o.round_token_budget = absl::GetFlag(FLAGS_round_token_budget);
+  if (o.round_token_budget < 2) rs::ExitWithUsageError("--round_token_budget must be >= 2");
+  o.max_lanes = absl::GetFlag(FLAGS_max_lanes);
+  if (o.max_lanes < 1 || o.max_lanes >= o.round_token_budget) {
+    rs::ExitWithUsageError("--max_lanes must be in [1, --round_token_budget)");
+  }
+  o.itl_target_ms = absl::GetFlag(FLAGS_itl_target_ms);
+  if (!(o.itl_target_ms >= 0)) rs::ExitWithUsageError("--itl_target_ms must be >= 0");
+  o.min_prefill_chunk = absl::GetFlag(FLAGS_min_prefill_chunk);
+  if (o.min_prefill_chunk < 1) rs::ExitWithUsageError("--min_prefill_chunk must be >= 1");
+  o.max_choices = absl::GetFlag(FLAGS_max_choices);
+  if (o.max_choices < 1) rs::ExitWithUsageError("--max_choices must be >= 1");
+  o.max_tokens_default = absl::GetFlag(FLAGS_max_tokens_default);
+  if (o.max_tokens_default < 0) rs::ExitWithUsageError("--max_tokens_default must be >= 0");
+  const int connect_ms = absl::GetFlag(FLAGS_connect_timeout_ms);
+  if (connect_ms < 1) rs::ExitWithUsageError("--connect_timeout_ms must be positive");
+  o.connect_timeout = std::chrono::milliseconds(connect_ms);
+
+  auto tok = rr::LoadTokenizer(tok_path);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "error: --tokenizer: %s\n", std::string(tok.status().message()).c_str());
+    return 1;
+  }
+  auto router = rr::Router::Create(std::move(o), std::move(*tok));
+  if (!router.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(router.status().message()).c_str());
+    return 1;
+  }
+  auto server = rr::RouterServer::Start(router->get(), listen);
+  if (!server.ok()) {
+    std::fprintf(stderr, "error: --listen: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  const auto hp = *rs::ParseHostPort(listen);
+  std::printf("LISTENING router=%s\n", rs::JoinHostPort(hp.first, (*server)->port()).c_str());
+  std::fflush(stdout);
+  RL_LOG(INFO) << "serving the Generate API on " << rs::JoinHostPort(hp.first, (*server)->port())
+               << " for " << workers;
+
+  const int sig = rs::WaitForShutdownSignal();
+  RL_LOG(INFO) << "signal " << sig << ", draining";
+  (*server)->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
+  router->reset();
+  server->reset();
+  return 0;
+}

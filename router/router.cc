@@ -1,0 +1,891 @@
+#include "router/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/log.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+
+// ---------------------------------------------------------------------------
+// ResponseQueue
+
+void ResponseQueue::Push(v1::GenerateResponse msg) {
+  absl::MutexLock l(&mu_);
+  if (!done_) msgs_.push_back(std::move(msg));
+}
+
+void ResponseQueue::Finish(absl::Status status) {
+  absl::MutexLock l(&mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(status);
+}
+
+bool ResponseQueue::finished() const {
+  absl::MutexLock l(&mu_);
+  return done_;
+}
+
+bool ResponseQueue::Take(absl::Duration timeout, std::vector<v1::GenerateResponse>* out,
+                         absl::Status* status) {
+  absl::MutexLock l(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || !msgs_.empty(); };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  while (!msgs_.empty()) {
+    out->push_back(std::move(msgs_.front()));
+    msgs_.pop_front();
+  }
+  if (done_) *status = status_;
+  return done_;
+}
+
+// ---------------------------------------------------------------------------
+// Requests, choices and lanes (touched only under their group's mutex once
+// submitted).
+
+namespace {
+
+struct RequestState;
+
+struct Choice {
+  int index = 0;
+  std::vector<int32_t> generated;
+  std::unique_ptr<IncrementalDecoder> decoder;
+  std::optional<StopMatcher> matcher;
+  bool finished = false;
+};
+
+struct RequestState {
+  PreparedRequest p;
+  std::shared_ptr<ResponseQueue> queue;
+  std::optional<StopTokens> stop_tokens;
+  std::vector<Choice> choices;
+  int choices_left = 0;
+  int completion_tokens = 0;
+  int64_t cached_tokens = -1;  // of choice 0's first lane
+  bool failed = false;
+
+  bool dead() const { return failed || queue->cancelled(); }
+  void Fail(absl::Status status) {
+    if (failed) return;
+    failed = true;
+    queue->Finish(std::move(status));
+  }
+};
+
+struct Waiting {
+  std::shared_ptr<RequestState> req;
+  int choice = 0;
+};
+
+struct Lane {
+  LaneId id = 0;
+  std::shared_ptr<RequestState> req;
+  int choice = 0;
+  uint64_t admit_seq = 0;
+  // The prompt this lane prefills (the request's prompt plus what the choice
+  // generated before a preemption), then every token sampled since.
+  std::vector<int32_t> seq;
+  int64_t prompt_len = 0;
+  int64_t fed = 0;  // positions whose KV the planned rounds write
+  int64_t committed_blocks = 0;
+  bool params_sent = false;
+  bool in_plan = false;
+  bool gone = false;  // released; removed from the lane list at the next compaction
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Group: one worker group and its scheduler thread.
+
+class Router::Group {
+ public:
+  Group(Router* router, size_t index, std::vector<std::string> addresses)
+      : router_(router), index_(index), addresses_(std::move(addresses)) {}
+  ~Group() { Stop(); }
+
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  void Stop() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  struct Probe {
+    bool ready = false;
+    int64_t cached_tokens = 0;
+    int64_t load = 0;
+  };
+  Probe ProbePrefix(absl::Span<const int32_t> prompt) const {
+    absl::MutexLock l(&mu_);
+    Probe p;
+    p.ready = ready_ && kv_ != nullptr;
+    if (!p.ready) return p;
+    p.cached_tokens = kv_->MatchPrefix(prompt).cached_tokens;
+    p.load = static_cast<int64_t>(lanes_.size() + waiting_.size());
+    return p;
+  }
+
+  absl::Status Enqueue(std::shared_ptr<RequestState> req) {
+    absl::MutexLock l(&mu_);
+    if (!ready_) return absl::UnavailableError(NotReadyMessage());
+    const int64_t n = static_cast<int64_t>(req->choices.size());
+    if (!AdmitToQueue(static_cast<int64_t>(waiting_.size()), n, router_->options_.max_waiting)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the router is overloaded: ", waiting_.size(),
+                       " choices already wait for a lane on worker group ", index_,
+                       " (--max_waiting=", router_->options_.max_waiting, "); retry later"));
+    }
+    for (int i = 0; i < n; ++i) waiting_.push_back({req, i});
+    return absl::OkStatus();
+  }
+
+  GroupState State() const {
+    absl::MutexLock l(&mu_);
+    GroupState s;
+    s.ready = ready_;
+    s.status = status_;
+    s.epoch = epoch_;
+    s.lanes = static_cast<int>(lanes_.size());
+    s.waiting = static_cast<int>(waiting_.size());
+    s.prefilled_tokens = prefilled_tokens_;
+    if (kv_) s.kv = kv_->stats();
+    return s;
+  }
+
+  std::string Describe() const {
+    absl::MutexLock l(&mu_);
+    return NotReadyMessage();
+  }
+
+  std::string NotReadyMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::StrCat("worker group ", index_, " (", absl::StrJoin(addresses_, ","),
+                        ") is not ready: ", status_.empty() ? "connecting" : status_);
+  }
+
+ private:
+  void Loop();
+  // Connects; false when it failed (status_ says why).
+  bool Connect();
+  void BuildPlan(v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyResult(const v1::RoundPlan& plan, const v1::RoundResult& result, double round_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddRow(Lane& lane, int64_t chunk, v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Preempt(Lane& lane, v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnToken(Lane& lane, const v1::SampledToken& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailAll(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Compact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !waiting_.empty() || !lanes_.empty() || !pending_release_.empty();
+  }
+
+  Router* const router_;
+  const size_t index_;
+  const std::vector<std::string> addresses_;
+  std::thread thread_;
+  // Only the group's thread uses the client.
+  std::unique_ptr<WorkerGroupClient> client_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::string status_ ABSL_GUARDED_BY(mu_);
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<KvBlockManager> kv_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);  // admission order
+  // Lanes finished by the last result whose worker state a release row drops.
+  std::vector<LaneId> pending_release_ ABSL_GUARDED_BY(mu_);
+  RoundCostModel cost_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lane_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_admit_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t round_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefilled_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t block_size_ ABSL_GUARDED_BY(mu_) = 16;
+};
+
+namespace {
+
+std::string DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_F32:
+      return "f32";
+    case v1::DTYPE_BF16:
+      return "bf16";
+    case v1::DTYPE_F16:
+      return "f16";
+    case v1::DTYPE_FP8_E4M3:
+      return "fp8";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+bool Router::Group::Connect() {
+  auto c = WorkerGroupClient::Connect(addresses_, router_->options_.connect_timeout);
+  if (!c.ok()) {
+    absl::MutexLock l(&mu_);
+    if (status_ != c.status().message()) {
+      RL_LOG(WARNING) << "worker group " << index_ << " not ready: " << c.status();
+    }
+    status_ = std::string(c.status().message());
+    return false;
+  }
+  const v1::WorkerInfo& info = (*c)->info();
+  if (info.vocab_size() < router_->tokenizer_->vocab_size()) {
+    absl::MutexLock l(&mu_);
+    status_ = absl::StrCat("the workers' vocabulary (", info.vocab_size(),
+                           ") is smaller than the tokenizer's (", router_->tokenizer_->vocab_size(),
+                           "): wrong --tokenizer?");
+    RL_LOG(ERROR) << "worker group " << index_ << ": " << status_;
+    return false;
+  }
+  KvBlockManager::Options o;
+  o.num_blocks = info.kv_pool_blocks();
+  o.identity.model_id = info.model_id();
+  o.identity.model_revision = info.model_revision();
+  o.identity.kv_dtype = DTypeName(info.kv_dtype());
+  o.identity.block_size_tokens = info.block_size_tokens();
+  o.identity.tp_world_size = info.tp_world_size();
+  auto kv = KvBlockManager::Create(o);
+  if (!kv.ok()) {
+    absl::MutexLock l(&mu_);
+    status_ = absl::StrCat("bad KV geometry from the workers: ", kv.status().message());
+    return false;
+  }
+  router_->SetModel(info);
+  RL_LOG(INFO) << "worker group " << index_ << " ready: " << info.model_id() << ", TP"
+               << info.tp_world_size() << ", epoch " << info.group_epoch() << ", "
+               << info.kv_pool_blocks() << " KV blocks of " << info.block_size_tokens()
+               << " tokens";
+  absl::MutexLock l(&mu_);
+  kv_ = std::move(*kv);
+  block_size_ = info.block_size_tokens();
+  epoch_ = info.group_epoch();
+  ready_ = true;
+  status_.clear();
+  client_ = std::move(*c);
+  return true;
+}
+
+void Router::Group::Loop() {
+  for (;;) {
+    if (!client_) {
+      {
+        absl::MutexLock l(&mu_);
+        if (stop_) break;
+      }
+      if (!Connect()) {
+        absl::MutexLock l(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                             absl::FromChrono(router_->options_.reconnect_pause));
+      }
+      continue;
+    }
+    v1::RoundPlan plan;
+    {
+      absl::MutexLock l(&mu_);
+      mu_.Await(absl::Condition(this, &Group::HasWork));
+      if (stop_) break;
+      BuildPlan(&plan);
+    }
+    if (plan.rows_size() == 0) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<v1::RoundResult> r = client_->Run(plan);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    absl::MutexLock l(&mu_);
+    if (!r.ok()) {
+      RL_LOG(ERROR) << "worker group " << index_ << " failed: " << r.status();
+      FailAll(absl::UnavailableError(absl::StrCat("worker group ", index_,
+                                                  " failed: ", r.status().message(),
+                                                  "; the request was lost, retry")));
+      // A re-formed group has lost its KV contents: the ledger starts over.
+      kv_->Reset();
+      ready_ = false;
+      status_ = std::string(r.status().message());
+      client_.reset();
+      continue;
+    }
+    ApplyResult(plan, *r, us);
+  }
+  absl::MutexLock l(&mu_);
+  FailAll(absl::UnavailableError("the router is shutting down"));
+  ready_ = false;
+  if (client_) client_->Close().IgnoreError();
+}
+
+void Router::Group::FailAll(const absl::Status& status) {
+  for (auto& lane : lanes_) lane->req->Fail(status);
+  for (Waiting& w : waiting_) w.req->Fail(status);
+  lanes_.clear();
+  waiting_.clear();
+  pending_release_.clear();
+}
+
+void Router::Group::Compact() {
+  lanes_.erase(std::remove_if(lanes_.begin(), lanes_.end(), [](const auto& l) { return l->gone; }),
+               lanes_.end());
+}
+
+void Router::Group::ReleaseLane(Lane& lane) {
+  kv_->Release(lane.id).IgnoreError();
+  pending_release_.push_back(lane.id);
+  lane.gone = true;
+}
+
+void Router::Group::Preempt(Lane& lane, v1::RoundPlan* plan) {
+  RL_LOG(INFO) << "worker group " << index_ << ": KV pool full, preempting lane " << lane.id
+               << " (request " << lane.req->p.request_id << ", choice " << lane.choice
+               << "); it restarts from its prompt and "
+               << lane.req->choices[lane.choice].generated.size() << " generated tokens";
+  kv_->Release(lane.id).IgnoreError();
+  v1::LaneStep* row = plan->add_rows();
+  row->set_lane_id(lane.id);
+  row->set_release_lane(true);
+  lane.gone = true;
+  waiting_.push_front({lane.req, lane.choice});
+}
+
+void Router::Group::AddRow(Lane& lane, int64_t chunk, v1::RoundPlan* plan) {
+  v1::LaneStep* row = plan->add_rows();
+  row->set_lane_id(lane.id);
+  row->set_start_position(lane.fed);
+  int64_t n;
+  if (lane.fed >= lane.prompt_len) {
+    // Decode: the worker feeds the token it sampled last.
+    n = 1;
+    row->set_use_last_sampled(true);
+    row->set_sample_last(true);
+  } else {
+    n = chunk;
+    prefilled_tokens_ += n;
+    row->mutable_token_ids()->Add(lane.seq.begin() + lane.fed, lane.seq.begin() + lane.fed + n);
+    row->set_sample_last(lane.fed + n == lane.prompt_len);
+  }
+  if (!lane.params_sent) {
+    *row->mutable_sampling() = lane.req->p.sampling;
+    row->set_choice_index(lane.choice);
+    lane.params_sent = true;
+  }
+  absl::Span<const BlockId> table = *kv_->BlockTable(lane.id);
+  const int64_t blocks = (lane.fed + n + block_size_ - 1) / block_size_;
+  row->mutable_block_ids()->Add(table.begin(), table.begin() + blocks);
+  lane.fed += n;
+  lane.in_plan = true;
+}
+
+void Router::Group::BuildPlan(v1::RoundPlan* plan) {
+  const RouterOptions& opt = router_->options_;
+  plan->set_round_id(++round_id_);
+  for (LaneId id : pending_release_) {
+    v1::LaneStep* row = plan->add_rows();
+    row->set_lane_id(id);
+    row->set_release_lane(true);
+  }
+  pending_release_.clear();
+
+  // Cancelled or failed requests give their lanes and blocks back first.
+  for (auto& lane : lanes_) {
+    if (lane->req->dead()) {
+      RL_LOG(DEBUG) << "dropping lane " << lane->id << " of request " << lane->req->p.request_id;
+      kv_->Release(lane->id).IgnoreError();
+      v1::LaneStep* row = plan->add_rows();
+      row->set_lane_id(lane->id);
+      row->set_release_lane(true);
+      lane->gone = true;
+    }
+  }
+  Compact();
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [](const Waiting& w) { return w.req->dead(); }),
+                 waiting_.end());
+
+  // Decode rows, oldest lane first; a lane that cannot grow takes blocks from
+  // the youngest lane not yet in the round.
+  int64_t decode_rows = 0;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = *lanes_[i];
+    if (lane.gone || lane.fed < lane.prompt_len) continue;
+    bool ok = true;
+    while (!kv_->AppendSlots(lane.id, lane.fed + 1).ok()) {
+      std::vector<PreemptCandidate> c(lanes_.size());
+      for (size_t j = 0; j < lanes_.size(); ++j) {
+        c[j] = {lanes_[j]->admit_seq, lanes_[j]->in_plan || lanes_[j]->gone, true};
+      }
+      std::optional<size_t> v = PickPreemptionVictim(c);
+      const bool alone =
+          std::count_if(lanes_.begin(), lanes_.end(), [](const auto& l) { return !l->gone; }) == 1;
+      if (!v || alone) {
+        lane.req->Fail(absl::ResourceExhaustedError(
+            absl::StrCat("the KV pool (", kv_->num_blocks(), " blocks of ", block_size_,
+                         " tokens) cannot hold this request's ", lane.fed + 1, " positions")));
+        kv_->Release(lane.id).IgnoreError();
+        v1::LaneStep* row = plan->add_rows();
+        row->set_lane_id(lane.id);
+        row->set_release_lane(true);
+        lane.gone = true;
+        ok = false;
+        break;
+      }
+      Preempt(*lanes_[*v], plan);
+      if (*v == i) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) continue;
+    AddRow(lane, 1, plan);
+    ++decode_rows;
+  }
+
+  int64_t limit = PrefillTokenLimit(decode_rows, opt.round_token_budget, opt.itl_target_ms * 1000,
+                                    cost_, opt.min_prefill_chunk);
+  for (auto& lp : lanes_) {
+    Lane& lane = *lp;
+    if (limit <= 0) break;
+    if (lane.gone || lane.in_plan || lane.fed >= lane.prompt_len) continue;
+    const int64_t chunk = std::min(limit, lane.prompt_len - lane.fed);
+    AddRow(lane, chunk, plan);
+    limit -= chunk;
+  }
+
+  // Admission: waiting choices in order, while the round has prefill room, a
+  // lane is free and the pool has the prompt's blocks.
+  auto live = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::count_if(lanes_.begin(), lanes_.end(), [](const auto& l) { return !l->gone; });
+  };
+  while (limit > 0 && !waiting_.empty() && live() < opt.max_lanes) {
+    Waiting w = waiting_.front();
+    Choice& c = w.req->choices[w.choice];
+    auto lane = std::make_unique<Lane>();
+    lane->id = next_lane_id_++;
+    lane->req = w.req;
+    lane->choice = w.choice;
+    lane->admit_seq = next_admit_seq_++;
+    lane->seq = w.req->p.prompt;
+    lane->seq.insert(lane->seq.end(), c.generated.begin(), c.generated.end());
+    lane->prompt_len = static_cast<int64_t>(lane->seq.size());
+    absl::StatusOr<int64_t> cached =
+        kv_->Allocate(lane->id, lane->seq, static_cast<int64_t>(lane->seq.size()));
+    if (!cached.ok()) {
+      if (live() > 0) break;  // wait for running lanes to give blocks back
+      w.req->Fail(absl::ResourceExhaustedError(
+          absl::StrCat("a prompt of ", lane->seq.size(), " tokens needs more KV blocks than the ",
+                       kv_->num_blocks(), " of worker group ", index_)));
+      waiting_.pop_front();
+      continue;
+    }
+    waiting_.pop_front();
+    if (w.choice == 0 && w.req->cached_tokens < 0) w.req->cached_tokens = *cached;
+    lane->fed = *cached;
+    lane->committed_blocks = *cached / block_size_;
+    const int64_t chunk = std::min(limit, lane->prompt_len - lane->fed);
+    AddRow(*lane, chunk, plan);
+    limit -= chunk;
+    lanes_.push_back(std::move(lane));
+  }
+  Compact();
+}
+
+void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
+  RequestState& req = *lane.req;
+  Choice& c = req.choices[lane.choice];
+  if (c.finished || req.dead()) return;
+  const Tokenizer& tok = *router_->tokenizer_;
+  c.generated.push_back(t.token_id());
+  ++req.completion_tokens;
+  v1::GenerateResponse msg;
+  msg.set_request_id(req.p.request_id);
+  msg.set_index(c.index);
+  msg.add_token_ids(t.token_id());
+  if (req.p.logprobs) {
+    v1::LogprobEntry* e = msg.add_logprobs();
+    e->set_token_id(t.token_id());
+    if (auto b = tok.TokenBytes(t.token_id()); b.ok()) e->set_token_bytes(*b);
+    e->set_logprob(t.logprob());
+    for (const v1::TokenLogprob& a : t.top_logprobs()) *e->add_top_logprobs() = a;
+  }
+  std::string text;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  const StopTokens::Kind kind = req.stop_tokens->Check(t.token_id());
+  if (kind != StopTokens::Kind::kNone) {
+    // The stop token's own text is not returned, but what it completes is.
+    text = c.matcher->Feed(c.decoder->Flush()).text;
+    if (!c.matcher->stopped()) text += c.matcher->Finish();
+    finish = v1::FINISH_REASON_STOP;
+    if (c.matcher->stopped()) {
+      msg.set_stop_string(c.matcher->stop_strings()[c.matcher->matched_stop()]);
+    } else {
+      msg.set_stop_token_id(t.token_id());
+    }
+  } else {
+    absl::StatusOr<std::string> piece = c.decoder->Add(t.token_id());
+    StopMatcher::Output o = c.matcher->Feed(piece.ok() ? *piece : std::string());
+    text = std::move(o.text);
+    if (c.matcher->stopped()) {
+      finish = v1::FINISH_REASON_STOP;
+      msg.set_stop_string(c.matcher->stop_strings()[o.matched_stop]);
+    } else if (static_cast<int>(c.generated.size()) >= req.p.max_tokens) {
+      StopMatcher::Output rest = c.matcher->Feed(c.decoder->Flush());
+      text += rest.text;
+      if (c.matcher->stopped()) {
+        finish = v1::FINISH_REASON_STOP;
+        msg.set_stop_string(c.matcher->stop_strings()[rest.matched_stop]);
+      } else {
+        text += c.matcher->Finish();
+        finish = v1::FINISH_REASON_LENGTH;
+      }
+    }
+  }
+  msg.set_text(std::move(text));
+  if (finish != v1::FINISH_REASON_UNSPECIFIED) {
+    msg.set_finish_reason(finish);
+    c.finished = true;
+    ReleaseLane(lane);
+    if (--req.choices_left == 0) {
+      v1::Usage* u = msg.mutable_usage();
+      u->set_prompt_tokens(static_cast<int32_t>(req.p.prompt.size()));
+      u->set_completion_tokens(req.completion_tokens);
+      u->set_cached_tokens(static_cast<int32_t>(std::max<int64_t>(0, req.cached_tokens)));
+    }
+  }
+  req.queue->Push(std::move(msg));
+  if (finish != v1::FINISH_REASON_UNSPECIFIED && req.choices_left == 0) {
+    req.queue->Finish(absl::OkStatus());
+  }
+}
+
+void Router::Group::ApplyResult(const v1::RoundPlan& plan, const v1::RoundResult& result,
+                                double round_us) {
+  if (result.error().code() != 0) {
+    // A rejected plan changed nothing on the workers, but the lanes in it
+    // were advanced here: they cannot continue consistently.
+    RL_LOG(ERROR) << "worker group " << index_ << " rejected round " << result.round_id() << ": "
+                  << result.error().message();
+    for (auto& lane : lanes_) {
+      if (!lane->in_plan) continue;
+      lane->req->Fail(absl::InternalError(
+          absl::StrCat("the workers rejected a round: ", result.error().message())));
+    }
+    for (auto& lane : lanes_) lane->in_plan = false;
+    return;
+  }
+  int64_t tokens = 0;
+  for (const v1::LaneStep& row : plan.rows()) {
+    tokens += (row.use_last_sampled() ? 1 : 0) + row.token_ids_size();
+  }
+  cost_.Observe(tokens, round_us);
+  // Commit before the tokens can finish and release a lane, so a finished
+  // request's blocks stay cached for a resend.
+  for (auto& lane : lanes_) {
+    if (!lane->in_plan) continue;
+    lane->in_plan = false;
+    const int64_t full = lane->fed / block_size_;
+    if (full > lane->committed_blocks) {
+      absl::Status st = kv_->CommitFullBlocks(
+          lane->id, absl::MakeConstSpan(lane->seq.data(), static_cast<size_t>(lane->fed)));
+      if (!st.ok()) RL_LOG(ERROR) << "commit of lane " << lane->id << ": " << st;
+      lane->committed_blocks = full;
+    }
+  }
+  std::map<LaneId, Lane*> by_id;
+  for (auto& lane : lanes_) by_id[lane->id] = lane.get();
+  for (const v1::LaneOutput& o : result.outputs()) {
+    auto it = by_id.find(o.lane_id());
+    if (it == by_id.end() || it->second->gone) continue;
+    for (const v1::SampledToken& t : o.tokens()) {
+      it->second->seq.push_back(t.token_id());
+      OnToken(*it->second, t);
+      if (it->second->gone) break;
+    }
+  }
+  Compact();
+}
+
+// ---------------------------------------------------------------------------
+// Router
+
+Router::Router(RouterOptions options, std::unique_ptr<Tokenizer> tokenizer)
+    : options_(std::move(options)),
+      tokenizer_(std::move(tokenizer)),
+      created_unix_s_(absl::ToUnixSeconds(absl::Now())) {}
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
+                                                       std::unique_ptr<Tokenizer> tokenizer) {
+  if (!tokenizer) return absl::InvalidArgumentError("no tokenizer");
+  if (options.groups.empty()) return absl::InvalidArgumentError("no worker groups");
+  for (const auto& g : options.groups) {
+    if (g.empty()) return absl::InvalidArgumentError("a worker group without addresses");
+  }
+  if (options.max_lanes < 1 || options.max_lanes >= options.round_token_budget) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_lanes must be in [1, round_token_budget) so that a round holding every decode row "
+        "still has room for a prompt chunk; got ",
+        options.max_lanes, " with a budget of ", options.round_token_budget));
+  }
+  if (options.max_waiting < 1) return absl::InvalidArgumentError("max_waiting must be >= 1");
+  if (options.min_prefill_chunk < 1) {
+    return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
+  }
+  std::unique_ptr<Router> r(new Router(std::move(options), std::move(tokenizer)));
+  for (size_t i = 0; i < r->options_.groups.size(); ++i) {
+    r->groups_.push_back(std::make_unique<Group>(r.get(), i, r->options_.groups[i]));
+  }
+  for (auto& g : r->groups_) g->Start();
+  return r;
+}
+
+Router::~Router() {
+  for (auto& g : groups_) g->Stop();
+}
+
+void Router::SetModel(const v1::WorkerInfo& info) {
+  absl::MutexLock l(&info_mu_);
+  if (model_) return;
+  ModelDescription m;
+  m.model_id = options_.model_id.empty() ? info.model_id() : options_.model_id;
+  m.max_context_tokens = info.max_context_tokens();
+  m.vocab_size = info.vocab_size();
+  m.eos_ids = tokenizer_->StopIds();
+  if (info.eos_token_id() >= 0) m.eos_ids.push_back(info.eos_token_id());
+  model_ = std::move(m);
+}
+
+std::optional<ModelDescription> Router::model() const {
+  absl::MutexLock l(&info_mu_);
+  return model_;
+}
+
+std::vector<GroupState> Router::groups() const {
+  std::vector<GroupState> out;
+  for (const auto& g : groups_) out.push_back(g->State());
+  return out;
+}
+
+bool Router::any_ready() const {
+  for (const auto& g : groups_) {
+    if (g->State().ready) return true;
+  }
+  return false;
+}
+
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+}  // namespace
+
+absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& request) const {
+  std::optional<ModelDescription> m = model();
+  if (!m) {
+    std::vector<std::string> why;
+    for (const auto& g : groups_) why.push_back(g->Describe());
+    return absl::UnavailableError(absl::StrCat("no worker group has connected yet (",
+                                               absl::StrJoin(why, "; "), "); retry later"));
+  }
+  if (!request.model().empty() && request.model() != m->model_id) {
+    return absl::NotFoundError(absl::StrCat("model: unknown model '", request.model(),
+                                            "'; this router serves '", m->model_id, "'"));
+  }
+  PreparedRequest p;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= m->vocab_size) {
+          return Invalid(
+              absl::StrCat("prompt.token_ids[", i, "]"),
+              absl::StrCat(ids[i], " is outside the vocabulary [0, ", m->vocab_size, ")"));
+        }
+      }
+      p.prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    case v1::GenerateRequest::kChat:
+      return Invalid("prompt.chat",
+                     absl::StrCat("model '", m->model_id,
+                                  "' has no chat template here (chat templates are not "
+                                  "implemented yet); send text or token_ids"));
+    case v1::GenerateRequest::kText:
+    case v1::GenerateRequest::PROMPT_NOT_SET: {
+      auto ids = tokenizer_->Encode(request.text(), /*add_special_tokens=*/true);
+      if (!ids.ok()) return Invalid("prompt.text", std::string(ids.status().message()));
+      p.prompt = std::move(*ids);
+      break;
+    }
+  }
+  if (p.prompt.empty()) {
+    return Invalid("prompt", "empty, and the model's tokenizer adds no BOS token to start from");
+  }
+  const int64_t len = static_cast<int64_t>(p.prompt.size());
+  if (len >= m->max_context_tokens) {
+    return Invalid("prompt",
+                   absl::StrCat(len, " tokens leave no room to generate in the context of ",
+                                m->max_context_tokens, " tokens"));
+  }
+
+  // Sampling: the same ranges the workers' sampler enforces, checked here so
+  // that the client learns which field is wrong.
+  const v1::SamplingParams& s = request.sampling();
+  const float temperature = s.has_temperature() ? s.temperature() : options_.default_temperature;
+  if (!(std::isfinite(temperature) && temperature >= 0)) {
+    return Invalid("sampling.temperature",
+                   absl::StrCat("must be finite and >= 0, got ", temperature));
+  }
+  const float top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  if (!(top_p > 0 && top_p <= 1)) {
+    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], got ", top_p));
+  }
+  if (s.top_k() < 0)
+    return Invalid("sampling.top_k", absl::StrCat("must be >= 0, got ", s.top_k()));
+  if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], got ", s.min_p()));
+  }
+  if (!(s.presence_penalty() >= -2 && s.presence_penalty() <= 2)) {
+    return Invalid("sampling.presence_penalty",
+                   absl::StrCat("must be in [-2, 2], got ", s.presence_penalty()));
+  }
+  if (!(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2)) {
+    return Invalid("sampling.frequency_penalty",
+                   absl::StrCat("must be in [-2, 2], got ", s.frequency_penalty()));
+  }
+  if (s.top_logprobs() < 0 || s.top_logprobs() > 20) {
+    return Invalid("sampling.top_logprobs",
+                   absl::StrCat("must be in [0, 20], got ", s.top_logprobs()));
+  }
+  if (request.n() < 0 || request.n() > options_.max_choices) {
+    return Invalid("n",
+                   absl::StrCat("must be in [1, ", options_.max_choices, "], got ", request.n()));
+  }
+  p.n = request.n() == 0 ? 1 : request.n();
+  if (request.has_max_tokens() && request.max_tokens() <= 0) {
+    return Invalid("max_tokens", absl::StrCat("must be >= 1, got ", request.max_tokens()));
+  }
+  const int64_t room = m->max_context_tokens - len;
+  int64_t max_tokens = request.has_max_tokens()          ? request.max_tokens()
+                       : options_.max_tokens_default > 0 ? options_.max_tokens_default
+                                                         : room;
+  p.max_tokens = static_cast<int>(std::min(max_tokens, room));
+
+  p.stop.assign(request.stop().begin(), request.stop().end());
+  if (auto sm = StopMatcher::Create(p.stop); !sm.ok()) {
+    return Invalid("stop", std::string(sm.status().message()));
+  }
+  p.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  if (auto st = StopTokens::Create(p.stop_token_ids, {}, false, m->vocab_size); !st.ok()) {
+    return Invalid("stop_token_ids", std::string(st.status().message()));
+  }
+  p.ignore_eos = request.ignore_eos();
+  p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
+  p.echo = request.echo();
+  p.session_id = request.session_id();
+  p.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_id_.fetch_add(1))
+                                              : request.request_id();
+
+  p.sampling = s;
+  p.sampling.set_temperature(temperature);
+  p.sampling.set_top_p(top_p);
+  p.sampling.set_logprobs(p.logprobs);
+  SeedParams sp;
+  sp.temperature = temperature;
+  sp.top_k = s.top_k();
+  sp.top_p = top_p;
+  sp.min_p = s.min_p();
+  sp.presence_penalty = s.presence_penalty();
+  sp.frequency_penalty = s.frequency_penalty();
+  p.sampling.set_seed(ResolveSeed(s.has_seed() ? std::optional<uint64_t>(s.seed()) : std::nullopt,
+                                  options_.seed_policy, p.prompt, sp, [] {
+                                    std::random_device rd;
+                                    return (static_cast<uint64_t>(rd()) << 32) | rd();
+                                  }));
+  return p;
+}
+
+absl::Status Router::Submit(PreparedRequest request, std::shared_ptr<ResponseQueue> queue) {
+  std::optional<ModelDescription> m = model();
+  if (!m) return absl::UnavailableError("no worker group has connected yet");
+  auto req = std::make_shared<RequestState>();
+  req->queue = std::move(queue);
+  auto stops =
+      StopTokens::Create(request.stop_token_ids, m->eos_ids, request.ignore_eos, m->vocab_size);
+  if (!stops.ok()) return Invalid("stop_token_ids", std::string(stops.status().message()));
+  req->stop_tokens = std::move(*stops);
+  req->choices.resize(request.n);
+  req->choices_left = request.n;
+  for (int i = 0; i < request.n; ++i) {
+    Choice& c = req->choices[i];
+    c.index = i;
+    c.decoder = std::make_unique<IncrementalDecoder>(*tokenizer_);
+    // Decoding the prompt first puts the decoder in the state the completion
+    // continues from (llama2.c drops the space of a token after BOS).
+    std::string prompt_text;
+    for (int32_t id : request.prompt) {
+      if (auto piece = c.decoder->Add(id); piece.ok()) prompt_text += *piece;
+    }
+    auto matcher = StopMatcher::Create(request.stop);
+    if (!matcher.ok()) return Invalid("stop", std::string(matcher.status().message()));
+    c.matcher = std::move(*matcher);
+    if (request.echo) {
+      v1::GenerateResponse msg;
+      msg.set_request_id(request.request_id);
+      msg.set_index(i);
+      msg.mutable_token_ids()->Add(request.prompt.begin(), request.prompt.end());
+      msg.set_text(prompt_text);
+      req->queue->Push(std::move(msg));
+    }
+  }
+  req->p = std::move(request);
+
+  absl::MutexLock l(&mu_);
+  std::optional<size_t> chosen;
+  if (!req->p.session_id.empty()) {
+    auto it = sessions_.find(req->p.session_id);
+    if (it != sessions_.end() && groups_[it->second]->ProbePrefix({}).ready) chosen = it->second;
+  }
+  if (!chosen) {
+    Group::Probe best;
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      Group::Probe p = groups_[i]->ProbePrefix(req->p.prompt);
+      if (!p.ready) continue;
+      if (!chosen || p.cached_tokens > best.cached_tokens ||
+          (p.cached_tokens == best.cached_tokens && p.load < best.load)) {
+        chosen = i;
+        best = p;
+      }
+    }
+  }
+  if (!chosen) {
+    std::vector<std::string> why;
+    for (const auto& g : groups_) why.push_back(g->Describe());
+    return absl::UnavailableError(
+        absl::StrCat("no worker group is ready (", absl::StrJoin(why, "; "), "); retry later"));
+  }
+  if (absl::Status st = groups_[*chosen]->Enqueue(req); !st.ok()) return st;
+  if (!req->p.session_id.empty()) {
+    // Forget sessions wholesale rather than track their ends: losing one only
+    // costs a cache-aware placement instead of a sticky one.
+    if (sessions_.size() >= 100000) sessions_.clear();
+    sessions_[req->p.session_id] = *chosen;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ringlane::router
