@@ -55,6 +55,9 @@ grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::Token
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "chat: no chat template here (chat templates are not implemented yet)");
   }
+  if (absl::Status st = CheckUtf8("text", request->text()); !st.ok()) {
+    return services::ToGrpcStatus(st);
+  }
   auto ids = router_->tokenizer().Encode(request->text(), request->add_special_tokens());
   if (!ids.ok()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

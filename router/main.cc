@@ -48,6 +48,12 @@ ABSL_FLAG(int, min_prefill_chunk, 16, "prompt tokens per round even when the tar
 ABSL_FLAG(int, max_choices, 16, "largest n of one request");
 ABSL_FLAG(int, max_tokens_default, 0,
           "max_tokens of requests that give none; 0 = up to the context limit");
+ABSL_FLAG(int, pipeline_depth, 2,
+          "rounds of one group in flight at once: 2 sends the next round while the workers run "
+          "the previous one, 1 plans each round after the previous result");
+ABSL_FLAG(std::string, round_log, "",
+          "append every round sent (lanes, row kinds, tokens fed, budget) to this file as JSON "
+          "lines; for tests and traces");
 ABSL_FLAG(int, connect_timeout_ms, 3000, "how long one attempt to connect a worker group waits");
 ABSL_FLAG(int, drain_timeout_ms, 5000, "how long running calls may finish on SIGTERM");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -112,6 +118,11 @@ int main(int argc, char** argv) {
   if (o.max_choices < 1) rs::ExitWithUsageError("--max_choices must be >= 1");
   o.max_tokens_default = absl::GetFlag(FLAGS_max_tokens_default);
   if (o.max_tokens_default < 0) rs::ExitWithUsageError("--max_tokens_default must be >= 0");
+  o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  if (o.pipeline_depth < 1 || o.pipeline_depth > 2) {
+    rs::ExitWithUsageError("--pipeline_depth must be 1 or 2");
+  }
+  o.round_log_path = absl::GetFlag(FLAGS_round_log);
   const int connect_ms = absl::GetFlag(FLAGS_connect_timeout_ms);
   if (connect_ms < 1) rs::ExitWithUsageError("--connect_timeout_ms must be positive");
   o.connect_timeout = std::chrono::milliseconds(connect_ms);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "router/tokenizer/utf8.h"
 #include "services/log.h"
 
 namespace ringlane::router {
@@ -97,8 +98,19 @@ struct Lane {
   int64_t fed = 0;  // positions whose KV the planned rounds write
   int64_t committed_blocks = 0;
   bool params_sent = false;
-  bool in_plan = false;
-  bool gone = false;  // released; removed from the lane list at the next compaction
+  bool in_plan = false;  // has a row in the plan being built
+  bool gone = false;     // released; removed from the lane list at the next compaction
+};
+
+// A round sent to the workers whose result has not been applied yet.
+struct InFlightRound {
+  v1::RoundPlan plan;
+  // Each lane the round feeds, with its planned positions once the round
+  // ran: how far its blocks may be committed when the result arrives.
+  std::vector<std::pair<LaneId, int64_t>> fed_after;
+  std::chrono::steady_clock::time_point sent;
+  // The round as the round log shows it; filled only when logging.
+  std::optional<RoundLogEntry> log;
 };
 
 }  // namespace
@@ -179,10 +191,16 @@ class Router::Group {
   void Loop();
   // Connects; false when it failed (status_ says why).
   bool Connect();
-  void BuildPlan(v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyResult(const v1::RoundPlan& plan, const v1::RoundResult& result, double round_us)
+  void BuildPlan(InFlightRound* round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyResult(const InFlightRound& round, const v1::RoundResult& result, double round_us)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddRow(Lane& lane, int64_t chunk, v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddRow(Lane& lane, int64_t chunk, InFlightRound* round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the lane's next row would be a decode row that still counts
+  // (its planned rows have not sampled max_tokens yet).
+  bool WantsDecodeRow(const Lane& lane) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogEntry(InFlightRound* round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers failed: every lane and in-flight round is lost.
+  void OnGroupFailure(const absl::Status& status);
   void ReleaseLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Preempt(Lane& lane, v1::RoundPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnToken(Lane& lane, const v1::SampledToken& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,8 +214,9 @@ class Router::Group {
   const size_t index_;
   const std::vector<std::string> addresses_;
   std::thread thread_;
-  // Only the group's thread uses the client.
+  // Only the group's thread uses the client and the in-flight rounds.
   std::unique_ptr<WorkerGroupClient> client_;
+  std::deque<InFlightRound> in_flight_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -283,7 +302,23 @@ bool Router::Group::Connect() {
   return true;
 }
 
+void Router::Group::OnGroupFailure(const absl::Status& status) {
+  RL_LOG(ERROR) << "worker group " << index_ << " failed: " << status;
+  in_flight_.clear();
+  absl::MutexLock l(&mu_);
+  FailAll(absl::UnavailableError(absl::StrCat(
+      "worker group ", index_, " failed: ", status.message(), "; the request was lost, retry")));
+  // A re-formed group has lost its KV contents: the ledger starts over.
+  kv_->Reset();
+  ready_ = false;
+  status_ = std::string(status.message());
+  client_.reset();
+}
+
 void Router::Group::Loop() {
+  const size_t depth = static_cast<size_t>(router_->options_.pipeline_depth);
+  // When the last result arrived: a round sent ahead starts only then.
+  auto previous_done = std::chrono::steady_clock::now();
   for (;;) {
     if (!client_) {
       {
@@ -297,33 +332,64 @@ void Router::Group::Loop() {
       }
       continue;
     }
-    v1::RoundPlan plan;
-    {
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(this, &Group::HasWork));
-      if (stop_) break;
-      BuildPlan(&plan);
+    if (in_flight_.size() < depth) {
+      InFlightRound round;
+      bool idle = false;
+      {
+        absl::MutexLock l(&mu_);
+        // With a round in flight there is always its result to wait for.
+        if (in_flight_.empty() &&
+            !mu_.AwaitWithTimeout(absl::Condition(this, &Group::HasWork), absl::Seconds(1))) {
+          idle = true;
+        }
+        if (stop_) break;
+        if (!idle) BuildPlan(&round);
+      }
+      if (idle) {
+        // No round would reveal a dead or re-formed rank of an idle group:
+        // ask the ranks, so that placement stops choosing it.
+        idle = false;
+        if (absl::Status st = client_->Check(std::chrono::seconds(2)); !st.ok()) {
+          OnGroupFailure(st);
+        }
+        continue;
+      }
+      if (round.plan.rows_size() > 0) {
+        if (round.log) {
+          round.log->in_flight = static_cast<int64_t>(in_flight_.size());
+          router_->WriteRoundLog(FormatRoundLog(*round.log));
+        }
+        round.sent = std::chrono::steady_clock::now();
+        if (absl::Status st = client_->Send(round.plan); !st.ok()) {
+          OnGroupFailure(st);
+          continue;
+        }
+        in_flight_.push_back(std::move(round));
+        continue;
+      }
+      if (in_flight_.empty()) continue;
     }
-    if (plan.rows_size() == 0) continue;
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<v1::RoundResult> r = client_->Run(plan);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    absl::MutexLock l(&mu_);
+    absl::StatusOr<v1::RoundResult> r = client_->Receive();
     if (!r.ok()) {
-      RL_LOG(ERROR) << "worker group " << index_ << " failed: " << r.status();
-      FailAll(absl::UnavailableError(absl::StrCat("worker group ", index_,
-                                                  " failed: ", r.status().message(),
-                                                  "; the request was lost, retry")));
-      // A re-formed group has lost its KV contents: the ledger starts over.
-      kv_->Reset();
-      ready_ = false;
-      status_ = std::string(r.status().message());
-      client_.reset();
+      OnGroupFailure(r.status());
       continue;
     }
-    ApplyResult(plan, *r, us);
+    const auto done = std::chrono::steady_clock::now();
+    InFlightRound round = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    auto us = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+    };
+    const double busy_us = RoundBusyUs(us(round.sent), us(previous_done), us(done));
+    previous_done = done;
+    absl::MutexLock l(&mu_);
+    if (r->round_id() != round.plan.round_id()) {
+      RL_LOG(ERROR) << "worker group " << index_ << " answered round " << r->round_id()
+                    << " where round " << round.plan.round_id() << " was due";
+    }
+    ApplyResult(round, *r, busy_us);
   }
+  in_flight_.clear();
   absl::MutexLock l(&mu_);
   FailAll(absl::UnavailableError("the router is shutting down"));
   ready_ = false;
@@ -362,8 +428,15 @@ void Router::Group::Preempt(Lane& lane, v1::RoundPlan* plan) {
   waiting_.push_front({lane.req, lane.choice});
 }
 
-void Router::Group::AddRow(Lane& lane, int64_t chunk, v1::RoundPlan* plan) {
-  v1::LaneStep* row = plan->add_rows();
+bool Router::Group::WantsDecodeRow(const Lane& lane) const {
+  const int64_t generated_before =
+      lane.prompt_len - static_cast<int64_t>(lane.req->p.prompt.size());
+  return TokensAfterPlannedRounds(generated_before, lane.prompt_len, lane.fed) <
+         lane.req->p.max_tokens;
+}
+
+void Router::Group::AddRow(Lane& lane, int64_t chunk, InFlightRound* round) {
+  v1::LaneStep* row = round->plan.add_rows();
   row->set_lane_id(lane.id);
   row->set_start_position(lane.fed);
   int64_t n;
@@ -388,11 +461,13 @@ void Router::Group::AddRow(Lane& lane, int64_t chunk, v1::RoundPlan* plan) {
   row->mutable_block_ids()->Add(table.begin(), table.begin() + blocks);
   lane.fed += n;
   lane.in_plan = true;
+  round->fed_after.emplace_back(lane.id, lane.fed);
 }
 
-void Router::Group::BuildPlan(v1::RoundPlan* plan) {
+void Router::Group::BuildPlan(InFlightRound* round) {
   const RouterOptions& opt = router_->options_;
-  plan->set_round_id(++round_id_);
+  v1::RoundPlan* plan = &round->plan;
+  for (auto& lane : lanes_) lane->in_plan = false;
   for (LaneId id : pending_release_) {
     v1::LaneStep* row = plan->add_rows();
     row->set_lane_id(id);
@@ -421,7 +496,7 @@ void Router::Group::BuildPlan(v1::RoundPlan* plan) {
   int64_t decode_rows = 0;
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = *lanes_[i];
-    if (lane.gone || lane.fed < lane.prompt_len) continue;
+    if (lane.gone || lane.fed < lane.prompt_len || !WantsDecodeRow(lane)) continue;
     bool ok = true;
     while (!kv_->AppendSlots(lane.id, lane.fed + 1).ok()) {
       std::vector<PreemptCandidate> c(lanes_.size());
@@ -450,18 +525,30 @@ void Router::Group::BuildPlan(v1::RoundPlan* plan) {
       }
     }
     if (!ok) continue;
-    AddRow(lane, 1, plan);
+    AddRow(lane, 1, round);
     ++decode_rows;
   }
 
+  double decode_attended = 0;
+  for (const v1::LaneStep& row : plan->rows()) {
+    decode_attended += AttendedPairs(row.start_position(),
+                                     row.token_ids_size() + (row.use_last_sampled() ? 1 : 0));
+  }
+  int64_t prefill_start = 0;
+  for (const auto& lp : lanes_) {
+    if (!lp->gone && !lp->in_plan && lp->fed < lp->prompt_len) {
+      prefill_start = lp->fed;
+      break;
+    }
+  }
   int64_t limit = PrefillTokenLimit(decode_rows, opt.round_token_budget, opt.itl_target_ms * 1000,
-                                    cost_, opt.min_prefill_chunk);
+                                    cost_, opt.min_prefill_chunk, decode_attended, prefill_start);
   for (auto& lp : lanes_) {
     Lane& lane = *lp;
     if (limit <= 0) break;
     if (lane.gone || lane.in_plan || lane.fed >= lane.prompt_len) continue;
     const int64_t chunk = std::min(limit, lane.prompt_len - lane.fed);
-    AddRow(lane, chunk, plan);
+    AddRow(lane, chunk, round);
     limit -= chunk;
   }
 
@@ -496,11 +583,40 @@ void Router::Group::BuildPlan(v1::RoundPlan* plan) {
     lane->fed = *cached;
     lane->committed_blocks = *cached / block_size_;
     const int64_t chunk = std::min(limit, lane->prompt_len - lane->fed);
-    AddRow(*lane, chunk, plan);
+    AddRow(*lane, chunk, round);
     limit -= chunk;
     lanes_.push_back(std::move(lane));
   }
   Compact();
+  // Only plans that go out take an id, so ids on the stream stay consecutive
+  // although a pipelined loop often finds nothing to plan ahead.
+  if (plan->rows_size() == 0) return;
+  plan->set_round_id(++round_id_);
+  if (!opt.round_log_path.empty()) LogEntry(round);
+}
+
+void Router::Group::LogEntry(InFlightRound* round) const {
+  std::map<LaneId, const std::string*> request_of;
+  for (const auto& lane : lanes_) request_of[lane->id] = &lane->req->p.request_id;
+  RoundLogEntry e;
+  e.round_id = round->plan.round_id();
+  e.group = index_;
+  e.token_budget = router_->options_.round_token_budget;
+  for (const v1::LaneStep& row : round->plan.rows()) {
+    RoundLogRow r;
+    r.lane_id = row.lane_id();
+    r.start_position = row.start_position();
+    r.tokens = (row.use_last_sampled() ? 1 : 0) + row.token_ids_size();
+    r.kind = r.tokens == 0            ? RoundLogRow::Kind::kRelease
+             : row.use_last_sampled() ? RoundLogRow::Kind::kDecode
+                                      : RoundLogRow::Kind::kPrefill;
+    r.sample = row.sample_last();
+    if (auto it = request_of.find(row.lane_id()); it != request_of.end()) {
+      r.request_id = *it->second;
+    }
+    e.rows.push_back(std::move(r));
+  }
+  round->log = std::move(e);
 }
 
 void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
@@ -571,43 +687,57 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
   }
 }
 
-void Router::Group::ApplyResult(const v1::RoundPlan& plan, const v1::RoundResult& result,
+void Router::Group::ApplyResult(const InFlightRound& round, const v1::RoundResult& result,
                                 double round_us) {
+  std::map<LaneId, Lane*> by_id;
+  for (auto& lane : lanes_) {
+    if (!lane->gone) by_id[lane->id] = lane.get();
+  }
   if (result.error().code() != 0) {
     // A rejected plan changed nothing on the workers, but the lanes in it
     // were advanced here: they cannot continue consistently.
     RL_LOG(ERROR) << "worker group " << index_ << " rejected round " << result.round_id() << ": "
                   << result.error().message();
-    for (auto& lane : lanes_) {
-      if (!lane->in_plan) continue;
-      lane->req->Fail(absl::InternalError(
+    for (const auto& [id, fed_after] : round.fed_after) {
+      auto it = by_id.find(id);
+      if (it == by_id.end()) continue;
+      it->second->req->Fail(absl::InternalError(
           absl::StrCat("the workers rejected a round: ", result.error().message())));
     }
-    for (auto& lane : lanes_) lane->in_plan = false;
     return;
   }
   int64_t tokens = 0;
-  for (const v1::LaneStep& row : plan.rows()) {
-    tokens += (row.use_last_sampled() ? 1 : 0) + row.token_ids_size();
+  double attended = 0;
+  for (const v1::LaneStep& row : round.plan.rows()) {
+    const int64_t n = (row.use_last_sampled() ? 1 : 0) + row.token_ids_size();
+    tokens += n;
+    attended += AttendedPairs(row.start_position(), n);
   }
-  cost_.Observe(tokens, round_us);
+  cost_.Observe(tokens, round_us, attended);
   // Commit before the tokens can finish and release a lane, so a finished
-  // request's blocks stay cached for a resend.
-  for (auto& lane : lanes_) {
-    if (!lane->in_plan) continue;
-    lane->in_plan = false;
-    const int64_t full = lane->fed / block_size_;
-    if (full > lane->committed_blocks) {
-      absl::Status st = kv_->CommitFullBlocks(
-          lane->id, absl::MakeConstSpan(lane->seq.data(), static_cast<size_t>(lane->fed)));
-      if (!st.ok()) RL_LOG(ERROR) << "commit of lane " << lane->id << ": " << st;
-      lane->committed_blocks = full;
+  // request's blocks stay cached for a resend. Only up to what this round
+  // fed: a later round in flight has not written its positions yet.
+  for (const auto& [id, fed_after] : round.fed_after) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) continue;
+    Lane& lane = *it->second;
+    const int64_t full = fed_after / block_size_;
+    if (full <= lane.committed_blocks) continue;
+    if (static_cast<int64_t>(lane.seq.size()) < fed_after) {
+      // Results arrive in plan order, so every token fed is known by now.
+      RL_LOG(ERROR) << "lane " << lane.id << " fed " << fed_after << " positions but knows "
+                    << lane.seq.size() << " tokens; not committing";
+      continue;
     }
+    absl::Status st = kv_->CommitFullBlocks(
+        lane.id, absl::MakeConstSpan(lane.seq.data(), static_cast<size_t>(fed_after)));
+    if (!st.ok()) RL_LOG(ERROR) << "commit of lane " << lane.id << ": " << st;
+    lane.committed_blocks = full;
   }
-  std::map<LaneId, Lane*> by_id;
-  for (auto& lane : lanes_) by_id[lane->id] = lane.get();
   for (const v1::LaneOutput& o : result.outputs()) {
     auto it = by_id.find(o.lane_id());
+    // A lane that finished or was dropped while this round was in flight:
+    // what it sampled is past its end.
     if (it == by_id.end() || it->second->gone) continue;
     for (const v1::SampledToken& t : o.tokens()) {
       it->second->seq.push_back(t.token_id());
@@ -616,6 +746,13 @@ void Router::Group::ApplyResult(const v1::RoundPlan& plan, const v1::RoundResult
     }
   }
   Compact();
+}
+
+void Router::WriteRoundLog(const std::string& line) {
+  absl::MutexLock l(&log_mu_);
+  if (!round_log_.is_open()) return;
+  round_log_ << line << '\n';
+  round_log_.flush();
 }
 
 // ---------------------------------------------------------------------------
@@ -643,7 +780,19 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
   if (options.min_prefill_chunk < 1) {
     return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   }
+  if (options.pipeline_depth < 1 || options.pipeline_depth > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline_depth must be 1 or 2, got ", options.pipeline_depth));
+  }
   std::unique_ptr<Router> r(new Router(std::move(options), std::move(tokenizer)));
+  if (!r->options_.round_log_path.empty()) {
+    absl::MutexLock l(&r->log_mu_);
+    r->round_log_.open(r->options_.round_log_path, std::ios::out | std::ios::trunc);
+    if (!r->round_log_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("round_log: cannot write ", r->options_.round_log_path));
+    }
+  }
   for (size_t i = 0; i < r->options_.groups.size(); ++i) {
     r->groups_.push_back(std::make_unique<Group>(r.get(), i, r->options_.groups[i]));
   }
@@ -693,6 +842,14 @@ absl::Status Invalid(const std::string& field, const std::string& why) {
 
 }  // namespace
 
+absl::Status CheckUtf8(const std::string& field, std::string_view text) {
+  const size_t bad = utf8::FirstInvalid(text);
+  if (bad == text.size()) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("not valid UTF-8 (byte ", bad, " of ", text.size(), ")"));
+}
+
+namespace {}  // namespace
+
 absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& request) const {
   std::optional<ModelDescription> m = model();
   if (!m) {
@@ -726,6 +883,7 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
                                   "implemented yet); send text or token_ids"));
     case v1::GenerateRequest::kText:
     case v1::GenerateRequest::PROMPT_NOT_SET: {
+      if (absl::Status st = CheckUtf8("prompt.text", request.text()); !st.ok()) return st;
       auto ids = tokenizer_->Encode(request.text(), /*add_special_tokens=*/true);
       if (!ids.ok()) return Invalid("prompt.text", std::string(ids.status().message()));
       p.prompt = std::move(*ids);
@@ -785,6 +943,11 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
                                                          : room;
   p.max_tokens = static_cast<int>(std::min(max_tokens, room));
 
+  for (int i = 0; i < request.stop_size(); ++i) {
+    if (absl::Status st = CheckUtf8(absl::StrCat("stop[", i, "]"), request.stop(i)); !st.ok()) {
+      return st;
+    }
+  }
   p.stop.assign(request.stop().begin(), request.stop().end());
   if (auto sm = StopMatcher::Create(p.stop); !sm.ok()) {
     return Invalid("stop", std::string(sm.status().message()));

@@ -11,15 +11,36 @@
 // Rounds. Each group's thread loops: plan a round under the group's mutex
 // (release rows of finished or cancelled lanes, one decode row per decoding
 // lane, prefill chunks within the token budget, then admission of waiting
-// choices), run it on the workers without the mutex, then apply the result
-// under the mutex (tokens to their choices, full blocks committed, the cost
-// model fed). Rounds are not pipelined: the next plan is built after the
-// previous result arrived. The workers idle while the router plans, which
-// for the bundled model costs microseconds per round against milliseconds of
-// compute; pipelining (decode rows with use_last_sampled sent ahead) is left
-// for when planning shows up in profiles.
+// choices), send it to the workers without the mutex, and, once
+// pipeline_depth rounds are in flight (or nothing is left to plan), receive
+// the oldest result and apply it under the mutex (tokens to their choices,
+// full blocks committed, the cost model fed).
 //
-// Lock order: Router::mu_, then Group::mu_, then Router::info_mu_.
+// Pipelining (pipeline_depth 2). Round k+1 is planned and sent before round
+// k's result arrives, so the workers start it the moment k ends instead of
+// idling while the router applies k and plans. Every rank knows each lane's
+// last sampled token, so a lane whose row in k samples gets a decode row
+// (use_last_sampled) in k+1; its KV blocks are appended when k+1 is planned.
+// What this changes:
+// - A lane that finishes in k (stop string or id, EOS) already has a row in
+//   k+1: the token k+1 samples for it is discarded, and its release row goes
+//   into the next plan. A lane whose planned rows already sample max_tokens
+//   gets no further row.
+// - Full blocks are committed only for the positions of rounds whose result
+//   arrived (each round remembers how far it fed each lane), so a block is
+//   registered for reuse only once its KV is written.
+// - Preemption, cancellation and finished lanes release their blocks while a
+//   round that writes them may still be in flight. That is safe because the
+//   workers run plans in order: a block handed out again is first used by a
+//   later plan, which runs after the in-flight round, and a lane writes
+//   every position before it reads it. A registered block is never written
+//   by an in-flight round (rounds write past a lane's committed blocks). A
+//   preempted lane's in-flight token is discarded; its restart samples the
+//   same token at the same position.
+// Depth 1 keeps the old plan-run-apply loop, for comparison and debugging.
+//
+// Lock order: Router::mu_, then Group::mu_, then Router::info_mu_;
+// Router::log_mu_ is taken with none of them held.
 #ifndef RINGLANE_ROUTER_ROUTER_H_
 #define RINGLANE_ROUTER_ROUTER_H_
 
@@ -27,6 +48,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,6 +100,12 @@ struct RouterOptions {
   // and the pause between attempts.
   std::chrono::milliseconds connect_timeout{3000};
   std::chrono::milliseconds reconnect_pause{300};
+  // Rounds of one group in flight at once: 1 = plan after each result, 2 =
+  // plan and send the next round while the workers run the previous one.
+  int pipeline_depth = 2;
+  // When set, every round sent is appended to this file as one JSON line
+  // (FormatRoundLog); for tests and traces, it costs a write per round.
+  std::string round_log_path;
 };
 
 // A GenerateRequest after validation, tokenization and sampling policy.
@@ -141,6 +169,11 @@ struct GroupState {
   KvBlockStats kv;
 };
 
+// OK, or InvalidArgument naming `field` when `text` is not valid UTF-8 (text
+// fields travel as bytes, so that this check, not the protobuf parser,
+// answers).
+absl::Status CheckUtf8(const std::string& field, std::string_view text);
+
 class Router {
  public:
   // Starts one scheduler thread per group; they connect in the background
@@ -168,6 +201,7 @@ class Router {
   class Group;
   Router(RouterOptions options, std::unique_ptr<Tokenizer> tokenizer);
   void SetModel(const ringlane::v1::WorkerInfo& info);
+  void WriteRoundLog(const std::string& line);
 
   const RouterOptions options_;
   const std::unique_ptr<Tokenizer> tokenizer_;
@@ -181,6 +215,10 @@ class Router {
 
   mutable absl::Mutex info_mu_;
   std::optional<ModelDescription> model_ ABSL_GUARDED_BY(info_mu_);
+
+  // Taken alone (never with another mutex held), by every group's thread.
+  absl::Mutex log_mu_;
+  std::ofstream round_log_ ABSL_GUARDED_BY(log_mu_);
 };
 
 }  // namespace ringlane::router

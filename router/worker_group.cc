@@ -129,6 +129,32 @@ absl::StatusOr<v1::RoundResult> WorkerGroupClient::Run(const v1::RoundPlan& plan
   return Receive();
 }
 
+absl::Status WorkerGroupClient::Check(std::chrono::milliseconds timeout) {
+  if (broken_) return broken_status_;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    v1::WorkerInfo i;
+    grpc::Status st = ranks_[r].stub->GetInfo(&ctx, v1::GetInfoRequest(), &i);
+    std::string why;
+    if (!st.ok()) {
+      why = st.error_message();
+    } else if (!i.group_ready()) {
+      why = absl::StrCat("not ready: ", i.group_status());
+    } else if (i.group_epoch() != info_.group_epoch()) {
+      why = absl::StrCat("re-formed (epoch ", info_.group_epoch(), " -> ", i.group_epoch(),
+                         "): its KV contents are gone");
+    }
+    if (!why.empty()) {
+      broken_ = true;
+      broken_status_ = absl::UnavailableError(
+          absl::StrCat("worker rank ", r, " (", ranks_[r].address, ") ", why));
+      return broken_status_;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WorkerGroupClient::Close() {
   absl::Status out;
   for (size_t r = 0; r < ranks_.size(); ++r) {

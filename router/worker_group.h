@@ -48,6 +48,12 @@ class WorkerGroupClient {
   // Send + Receive.
   absl::StatusOr<ringlane::v1::RoundResult> Run(const ringlane::v1::RoundPlan& plan);
 
+  // Asks every rank whether it still serves the epoch this client connected
+  // to: Unavailable when a rank is unreachable, not ready, or in another
+  // epoch (its KV contents are gone). For idle groups, whose dead ranks no
+  // round would reveal.
+  absl::Status Check(std::chrono::milliseconds timeout);
+
   // Ends the streams (lanes on the workers are dropped).
   absl::Status Close();
 

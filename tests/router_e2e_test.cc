@@ -3,8 +3,11 @@
 // would. Token ids are compared exactly (DESIGN.md, invariant 1).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -78,8 +81,9 @@ std::unique_ptr<Cluster> StartCluster(int world, std::vector<std::string> worker
   auto c = std::make_unique<Cluster>();
   std::string addrs;
   for (int r = 0; r < world; ++r) {
+    // Port 0: a cluster from `make serve` may hold the default ports.
     std::vector<std::string> a = {"--model=" + Model(), "--threads=1", absl::StrCat("--rank=", r),
-                                  absl::StrCat("--world_size=", world)};
+                                  absl::StrCat("--world_size=", world), "--listen=127.0.0.1:0"};
     a.insert(a.end(), worker_extra.begin(), worker_extra.end());
     if (r > 0) a.push_back("--rendezvous=" + c->workers[0]->address());
     auto d = Daemon::Start(kWorker, a);
@@ -184,9 +188,9 @@ class RouterE2eTest : public ::testing::Test {
 };
 Cluster* RouterE2eTest::cluster_ = nullptr;
 
-TEST_F(RouterE2eTest, GoldenCasesThroughTheApi) {
+void ExpectGoldenCases(v1::Generate::Stub& stub) {
   for (const Golden& g : Goldens()) {
-    CallOut o = Call(stub(), Ids(g.prompt, static_cast<int>(g.ids.size())));
+    CallOut o = Call(stub, Ids(g.prompt, static_cast<int>(g.ids.size())));
     ASSERT_TRUE(o.status.ok()) << o.status.error_message();
     ASSERT_EQ(o.choices.size(), 1u);
     EXPECT_EQ(o.choices[0].ids, g.ids);
@@ -200,6 +204,8 @@ TEST_F(RouterE2eTest, GoldenCasesThroughTheApi) {
     EXPECT_EQ(o.usage.completion_tokens(), static_cast<int>(g.ids.size()));
   }
 }
+
+TEST_F(RouterE2eTest, GoldenCasesThroughTheApi) { ExpectGoldenCases(stub()); }
 
 TEST_F(RouterE2eTest, TextPromptAndEmptyPromptStartFromBos) {
   v1::GenerateRequest r;
@@ -223,7 +229,7 @@ TEST_F(RouterE2eTest, TextPromptAndEmptyPromptStartFromBos) {
 }
 
 // Five requests, each run alone, then all at once with staggered arrivals.
-TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
+void ExpectFiveClientsGetTheirSoloTokens(v1::Generate::Stub& stub) {
   std::vector<v1::GenerateRequest> reqs;
   for (int i = 0; i < 5; ++i) {
     std::vector<int32_t> prompt = Goldens()[i % Goldens().size()].prompt;
@@ -238,7 +244,7 @@ TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
   }
   std::vector<CallOut> solo;
   for (const auto& r : reqs) {
-    solo.push_back(Call(stub(), r));
+    solo.push_back(Call(stub, r));
     ASSERT_TRUE(solo.back().status.ok()) << solo.back().status.error_message();
   }
   std::vector<CallOut> together(reqs.size());
@@ -246,7 +252,7 @@ TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     ts.emplace_back([&, i] {
       std::this_thread::sleep_for(std::chrono::milliseconds(15 * i));
-      together[i] = Call(stub(), reqs[i]);
+      together[i] = Call(stub, reqs[i]);
     });
   }
   for (auto& t : ts) t.join();
@@ -259,7 +265,33 @@ TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
   // The sampled ones really sampled (differ from greedy on the same prompt).
   v1::GenerateRequest greedy = reqs[1];
   greedy.mutable_sampling()->set_temperature(0);
-  EXPECT_NE(Call(stub(), greedy).choices[0].ids, solo[1].choices[0].ids);
+  EXPECT_NE(Call(stub, greedy).choices[0].ids, solo[1].choices[0].ids);
+}
+
+TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
+  ExpectFiveClientsGetTheirSoloTokens(stub());
+}
+
+// The same outputs with rounds not pipelined (the fixture above runs the
+// default, two rounds in flight).
+class RouterE2eUnpipelinedTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    cluster_ = StartCluster(2, {"--block_size=16"}, {"--pipeline_depth=1"}).release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+  static Cluster* cluster_;
+};
+Cluster* RouterE2eUnpipelinedTest::cluster_ = nullptr;
+
+TEST_F(RouterE2eUnpipelinedTest, GoldenCasesThroughTheApi) { ExpectGoldenCases(*cluster_->stub); }
+
+TEST_F(RouterE2eUnpipelinedTest, FiveConcurrentClientsGetTheirSoloTokens) {
+  ExpectFiveClientsGetTheirSoloTokens(*cluster_->stub);
 }
 
 TEST_F(RouterE2eTest, ResendReusesTheCachedPrefix) {
@@ -561,6 +593,119 @@ TEST(RouterFailoverTest, WorkerDeathFailsItsLanesAndTheRouterReconnects) {
             std::vector<int32_t>(Goldens()[0].ids.begin(), Goldens()[0].ids.begin() + 8));
 }
 
+// Chunked prefill inside decode rounds, read back from the round log: three
+// lanes decode while a 400-token prompt arrives with a 64-token round
+// budget, so the prompt needs several chunks. No round may feed more than
+// the budget, every round that carries a chunk of the prompt must also carry
+// a decode row of each decoding lane, and the decoding lanes' tokens must
+// equal their solo tokens.
+class RouterRoundsTest : public ::testing::TestWithParam<int> {};
+
+std::vector<nlohmann::json> ReadRoundLog(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST_P(RouterRoundsTest, ChunkedPrefillInsideDecodeRounds) {
+  const int depth = GetParam();
+  constexpr int kBudget = 64, kDecodeTokens = 160, kLongPrompt = 400;
+  const std::string log =
+      absl::StrCat(::testing::TempDir(), "/router_rounds_", getpid(), "_", depth, ".jsonl");
+  auto c = StartCluster(1, {"--block_size=16"},
+                        {absl::StrCat("--round_token_budget=", kBudget), "--round_log=" + log,
+                         absl::StrCat("--pipeline_depth=", depth)});
+  ASSERT_NE(c, nullptr);
+  auto decode_req = [&](int i, const std::string& id) {
+    v1::GenerateRequest r = Ids(Goldens()[i].prompt, kDecodeTokens);
+    r.set_request_id(id);
+    return r;
+  };
+  std::vector<CallOut> solo;
+  for (int i = 0; i < 3; ++i) {
+    solo.push_back(Call(*c->stub, decode_req(i, absl::StrCat("solo-", i))));
+    ASSERT_TRUE(solo.back().status.ok()) << solo.back().status.error_message();
+  }
+
+  std::vector<CallOut> together(3);
+  std::vector<std::atomic<int>> seen(3);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 3; ++i) {
+    ts.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+      auto reader = c->stub->Generate(&ctx, decode_req(i, absl::StrCat("dec-", i)));
+      v1::GenerateResponse m;
+      while (reader->Read(&m)) {
+        together[i].choices[0].ids.insert(together[i].choices[0].ids.end(), m.token_ids().begin(),
+                                          m.token_ids().end());
+        seen[i] += m.token_ids_size();
+      }
+      together[i].status = reader->Finish();
+    });
+  }
+  // The long prompt arrives once all three decode.
+  for (int w = 0; w < 2000; ++w) {
+    if (seen[0] >= 4 && seen[1] >= 4 && seen[2] >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::vector<int32_t> prompt = {1};
+  for (int k = 1; k < kLongPrompt; ++k) prompt.push_back(260 + (k * 13) % 240);
+  v1::GenerateRequest long_req = Ids(prompt, 4);
+  long_req.set_request_id("long");
+  CallOut long_out = Call(*c->stub, long_req);
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(long_out.status.ok()) << long_out.status.error_message();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
+    EXPECT_EQ(together[i].choices[0].ids, solo[i].choices[0].ids) << "lane " << i;
+  }
+
+  std::vector<nlohmann::json> rounds = ReadRoundLog(log);
+  ASSERT_FALSE(rounds.empty());
+  int first = -1, last = -1, chunks = 0, fed = 0, ahead = 0;
+  for (size_t k = 0; k < rounds.size(); ++k) {
+    const nlohmann::json& r = rounds[k];
+    EXPECT_EQ(r["budget"].get<int>(), kBudget);
+    EXPECT_LE(r["tokens"].get<int>(), kBudget) << r.dump();
+    if (r["in_flight"].get<int>() > 0) ++ahead;
+    EXPECT_LT(r["in_flight"].get<int>(), depth) << r.dump();
+    for (const auto& row : r["rows"]) {
+      if (row["request"] == "long" && row["kind"] == "prefill") {
+        if (first < 0) first = static_cast<int>(k);
+        last = static_cast<int>(k);
+        ++chunks;
+        fed += row["tokens"].get<int>();
+      }
+    }
+  }
+  ASSERT_GE(first, 0) << "the long prompt was never prefilled";
+  EXPECT_EQ(fed, kLongPrompt);
+  EXPECT_GE(chunks, kLongPrompt / kBudget) << "the prompt was not chunked";
+  for (int k = first; k <= last; ++k) {
+    for (int i = 0; i < 3; ++i) {
+      const std::string id = absl::StrCat("dec-", i);
+      bool decoded = false;
+      for (const auto& row : rounds[k]["rows"]) {
+        decoded |= row["request"] == id && row["kind"] == "decode";
+      }
+      EXPECT_TRUE(decoded) << id << " got no token in round " << rounds[k].dump();
+    }
+  }
+  // Pipelined rounds are sent while the previous one runs; unpipelined never.
+  if (depth == 1) {
+    EXPECT_EQ(ahead, 0);
+  } else {
+    EXPECT_GT(ahead, static_cast<int>(rounds.size()) / 2);
+  }
+  std::remove(log.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(PipelineDepth, RouterRoundsTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("depth", info.param); });
+
 TEST(RouterDaemonTest, BadFlagsExitNonZero) {
   struct Case {
     std::vector<std::string> args;
@@ -574,6 +719,7 @@ TEST(RouterDaemonTest, BadFlagsExitNonZero) {
       {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--seed_policy=dice"}, "--seed_policy"},
       {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--max_lanes=0"}, "--max_lanes"},
       {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--log_level=loud"}, "--log_level"},
+      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--pipeline_depth=3"}, "--pipeline_depth"},
   };
   for (const Case& c : cases) {
     testing::RunResult r = testing::RunToExit(kRouter, c.args);
