@@ -47,7 +47,7 @@ grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::Token
                                            v1::TokenizeResponse* response) {
   std::optional<ModelDescription> m = router_->model();
   if (!request->model().empty() && m && request->model() != m->model_id) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("model: unknown model '", request->model(),
                                      "'; this router serves '", m->model_id, "'"));
   }

@@ -859,8 +859,8 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
                                                absl::StrJoin(why, "; "), "); retry later"));
   }
   if (!request.model().empty() && request.model() != m->model_id) {
-    return absl::NotFoundError(absl::StrCat("model: unknown model '", request.model(),
-                                            "'; this router serves '", m->model_id, "'"));
+    return Invalid("model", absl::StrCat("unknown model '", request.model(),
+                                         "'; this router serves '", m->model_id, "'"));
   }
   PreparedRequest p;
   switch (request.prompt_case()) {

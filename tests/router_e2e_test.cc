@@ -412,11 +412,12 @@ TEST_F(RouterE2eTest, BadRequestsAreInvalidArgumentAndServingGoesOn) {
     EXPECT_TRUE(o.choices.empty()) << c.name;
   }
   {
-    // An unknown model is NOT_FOUND (the gateway's 404), like OpenAI's.
+    // An unknown model is INVALID_ARGUMENT on gRPC (issue 4); the message
+    // names the field, which the gateway turns into OpenAI's 404.
     auto r = base();
     r.set_model("no-such-model");
     CallOut o = Call(stub(), r);
-    EXPECT_EQ(o.status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(o.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(o.status.error_message(), HasSubstr("unknown model 'no-such-model'"));
   }
   CallOut ok = Call(stub(), base());
