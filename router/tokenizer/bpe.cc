@@ -48,9 +48,9 @@ const BpeMerges::Merge* BpeMerges::Find(int32_t left, int32_t right) const {
   return it == merges_.end() ? nullptr : &it->second;
 }
 
-std::vector<int32_t> BpeMerges::Apply(const std::vector<int32_t>& ids) const {
+std::vector<int32_t> MergeAdjacentPairs(const std::vector<int32_t>& ids, const PairMergeFn& find) {
   const size_t n = ids.size();
-  if (n < 2 || merges_.empty()) return ids;
+  if (n < 2) return ids;
   std::vector<Symbol> symbols(n);
   for (size_t i = 0; i < n; ++i) {
     symbols[i] =
@@ -59,10 +59,11 @@ std::vector<int32_t> BpeMerges::Apply(const std::vector<int32_t>& ids) const {
   std::priority_queue<Candidate, std::vector<Candidate>, CandidateOrder> queue;
   const auto consider = [&](size_t left) {
     const size_t right = symbols[left].next;
-    const Merge* m = Find(symbols[left].id, symbols[right].id);
-    if (m == nullptr) return;
-    queue.push(Candidate{m->priority, left, right, symbols[left].version, symbols[right].version,
-                         m->merged});
+    double priority = 0;
+    int32_t merged = -1;
+    if (!find(symbols[left].id, symbols[right].id, &priority, &merged)) return;
+    queue.push(
+        Candidate{priority, left, right, symbols[left].version, symbols[right].version, merged});
   };
   for (size_t i = 0; i + 1 < n; ++i) consider(i);
 
@@ -87,6 +88,17 @@ std::vector<int32_t> BpeMerges::Apply(const std::vector<int32_t>& ids) const {
   std::vector<int32_t> merged;
   for (size_t i = 0; i != Symbol::kNone; i = symbols[i].next) merged.push_back(symbols[i].id);
   return merged;
+}
+
+std::vector<int32_t> BpeMerges::Apply(const std::vector<int32_t>& ids) const {
+  if (merges_.empty()) return ids;
+  return MergeAdjacentPairs(ids, [this](int32_t l, int32_t r, double* priority, int32_t* merged) {
+    const Merge* m = Find(l, r);
+    if (m == nullptr) return false;
+    *priority = m->priority;
+    *merged = m->merged;
+    return true;
+  });
 }
 
 }  // namespace ringlane::router

@@ -3,10 +3,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
 namespace ringlane::router {
+
+// Says whether adjacent ids (left, right) merge, and if so into which id and
+// with which priority (lower merges first).
+using PairMergeFn =
+    std::function<bool(int32_t left, int32_t right, double* priority, int32_t* merged)>;
+
+// The merge loop every BPE tokenizer here shares: repeatedly merges the
+// adjacent pair with the lowest priority, the leftmost on ties, until no pair
+// merges. O(n log n): each adjacent pair's merge sits in a heap, and entries
+// whose symbols changed since they were queued are skipped. llama2.c's run.c
+// rescans every pair after each merge (quadratic) but picks the same pair.
+std::vector<int32_t> MergeAdjacentPairs(const std::vector<int32_t>& ids, const PairMergeFn& find);
 
 // A table of pair merges, (left id, right id) -> merged id with a priority,
 // and the merge loop that BPE tokenizers share: repeatedly merge the adjacent

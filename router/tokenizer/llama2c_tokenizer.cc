@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <queue>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "router/tokenizer/bpe.h"
 
 namespace ringlane::router {
 namespace {
@@ -75,40 +75,6 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   return data;
 }
-
-// One entry of the token list being merged: a doubly linked list over the
-// initial token positions, so a merge is O(1) and order is preserved.
-struct Symbol {
-  static constexpr size_t kNone = std::numeric_limits<size_t>::max();
-  int32_t id;
-  size_t prev;
-  size_t next;
-  // Bumped whenever the symbol changes or is absorbed, which invalidates
-  // queued candidates that saw the old state.
-  uint32_t version;
-};
-
-// A possible merge of the adjacent symbols (left, right) into merged_id.
-struct Candidate {
-  float score;
-  size_t left;
-  size_t right;
-  uint32_t left_version;
-  uint32_t right_version;
-  int32_t merged_id;
-};
-
-// Max-heap order matching run.c's scan: highest score first and, on equal
-// scores, the leftmost pair (run.c replaces its best only on a strictly
-// greater score). List order equals initial-position order, so the smaller
-// `left` index is the leftmost pair. NaN scores never enter the queue, so
-// this is a strict weak order.
-struct CandidateOrder {
-  bool operator()(const Candidate& a, const Candidate& b) const {
-    if (a.score != b.score) return a.score < b.score;
-    return a.left > b.left;
-  }
-};
 
 }  // namespace
 
@@ -233,60 +199,25 @@ std::vector<int32_t> Llama2cTokenizer::Encode(std::string_view text, bool add_bo
   return ids;
 }
 
-// run.c rescans every adjacent pair after each merge (quadratic in prompt
-// length). This keeps each adjacent pair's best merge in a heap instead and
-// skips entries whose symbols changed since they were queued; popping the
-// highest score, leftmost on ties, picks the same pair run.c's scan would, so
-// the output is identical.
+// run.c merges the pair whose merged piece has the highest score, the
+// leftmost on equal scores (it replaces its best only on a strictly greater
+// score): priority = -score in the shared loop, which is exact for floats.
 std::vector<int32_t> Llama2cTokenizer::MergePairs(const std::vector<int32_t>& ids) const {
-  const size_t n = ids.size();
-  if (n < 2) return ids;
-  std::vector<Symbol> symbols(n);
-  for (size_t i = 0; i < n; ++i) {
-    symbols[i] =
-        Symbol{ids[i], i == 0 ? Symbol::kNone : i - 1, i + 1 == n ? Symbol::kNone : i + 1, 0};
-  }
-
-  std::priority_queue<Candidate, std::vector<Candidate>, CandidateOrder> queue;
   std::string concat;  // Reused to avoid an allocation per lookup.
-  const auto consider = [&](size_t left) {
-    const size_t right = symbols[left].next;
+  return MergeAdjacentPairs(ids, [&](int32_t l, int32_t r, double* priority, int32_t* merged) {
     // Concatenating the pieces (not the source text) is what run.c does, so
     // byte-fallback tokens only merge with pieces spelled "<0x..>".
-    concat.assign(pieces_[symbols[left].id]);
-    concat.append(pieces_[symbols[right].id]);
-    const int32_t merged = Lookup(concat);
-    if (merged < 0) return;
-    const float score = scores_[merged];
-    if (!(score > kMinMergeScore)) return;
-    queue.push(
-        Candidate{score, left, right, symbols[left].version, symbols[right].version, merged});
-  };
-  for (size_t i = 0; i + 1 < n; ++i) consider(i);
-
-  while (!queue.empty()) {
-    const Candidate best = queue.top();
-    queue.pop();
-    Symbol& left = symbols[best.left];
-    Symbol& right = symbols[best.right];
-    if (left.version != best.left_version || right.version != best.right_version ||
-        left.next != best.right) {
-      continue;
-    }
-    left.id = best.merged_id;
-    ++left.version;
-    ++right.version;
-    left.next = right.next;
-    if (right.next != Symbol::kNone) symbols[right.next].prev = best.left;
-    if (left.prev != Symbol::kNone) consider(left.prev);
-    if (left.next != Symbol::kNone) consider(best.left);
-  }
-
-  // Position 0 is never absorbed (only right-hand symbols are), so it heads
-  // the list.
-  std::vector<int32_t> merged;
-  for (size_t i = 0; i != Symbol::kNone; i = symbols[i].next) merged.push_back(symbols[i].id);
-  return merged;
+    concat.assign(pieces_[l]);
+    concat.append(pieces_[r]);
+    const int32_t m = Lookup(concat);
+    if (m < 0) return false;
+    const float score = scores_[m];
+    // NaN scores never merge, keeping the heap's order strict.
+    if (!(score > kMinMergeScore)) return false;
+    *priority = -static_cast<double>(score);
+    *merged = m;
+    return true;
+  });
 }
 
 std::string_view Llama2cTokenizer::DecodePiece(int32_t prev_token, int32_t token) const {
