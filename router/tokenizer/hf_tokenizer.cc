@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "router/tokenizer/bpe.h"
+#include "router/tokenizer/read_file.h"
 #include "router/tokenizer/regex.h"
 #include "router/tokenizer/utf8.h"
 
@@ -302,27 +303,6 @@ class AddedTokenMatcher {
   std::array<std::vector<const AddedToken*>, 256> by_first_byte_;
   const Regex* word_char_ = nullptr;
 };
-
-// Reads a whole file; NotFound when it does not exist.
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (file == nullptr) {
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot open ", path));
-  }
-  std::string data;
-  std::array<char, 1 << 16> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0) {
-    data.append(buffer.data(), n);
-  }
-  if (std::ferror(file.get())) {
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot read ", path));
-  }
-  return data;
-}
 
 }  // namespace
 
@@ -1088,12 +1068,12 @@ HfTokenizer::~HfTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(
     const std::string& tokenizer_json_path, const std::string& tokenizer_config_path) {
-  absl::StatusOr<std::string> text = ReadFile(tokenizer_json_path);
+  absl::StatusOr<std::string> text = ReadWholeFile(tokenizer_json_path);
   if (!text.ok()) return text.status();
   std::string config;
   std::string source = tokenizer_json_path;
   if (!tokenizer_config_path.empty()) {
-    absl::StatusOr<std::string> c = ReadFile(tokenizer_config_path);
+    absl::StatusOr<std::string> c = ReadWholeFile(tokenizer_config_path);
     if (!c.ok()) return c.status();
     config = std::move(*c);
     absl::StrAppend(&source, " (with ", tokenizer_config_path, ")");

@@ -1,7 +1,6 @@
 #include "router/tokenizer/llama2c_tokenizer.h"
 
 #include <array>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -10,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "router/tokenizer/bpe.h"
+#include "router/tokenizer/read_file.h"
 
 namespace ringlane::router {
 namespace {
@@ -53,33 +53,10 @@ absl::Status FileError(const std::string& path, std::string_view what) {
                                                  absl::string_view(what.data(), what.size())));
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (file == nullptr) {
-    // Saved first: building the message may allocate and clobber errno.
-    // ENOENT maps to NotFound; permission and similar failures keep their
-    // own codes.
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot open llama2.c tokenizer file ", path));
-  }
-  std::string data;
-  std::array<char, 1 << 16> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0) {
-    data.append(buffer.data(), n);
-  }
-  if (std::ferror(file.get())) {
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot read llama2.c tokenizer file ", path));
-  }
-  return data;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Llama2cTokenizer>> Llama2cTokenizer::Load(const std::string& path) {
-  absl::StatusOr<std::string> contents = ReadWholeFile(path);
+  absl::StatusOr<std::string> contents = ReadWholeFile(path, "llama2.c tokenizer file");
   if (!contents.ok()) return contents.status();
   const std::string_view data = *contents;
 

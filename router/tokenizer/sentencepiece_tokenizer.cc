@@ -1,13 +1,13 @@
 #include "router/tokenizer/sentencepiece_tokenizer.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "router/tokenizer/read_file.h"
 #include "router/tokenizer/utf8.h"
 
 namespace ringlane::router {
@@ -330,21 +330,9 @@ const char* ModelTypeName(uint64_t type) {
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Load(
     const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                       &std::fclose);
-  if (file == nullptr) {
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot open SentencePiece model ", path));
-  }
-  std::string data;
-  char buffer[1 << 16];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) data.append(buffer, n);
-  if (std::ferror(file.get())) {
-    const int error = errno;
-    return absl::ErrnoToStatus(error, absl::StrCat("cannot read SentencePiece model ", path));
-  }
-  return FromSerialized(data, path);
+  absl::StatusOr<std::string> data = ReadWholeFile(path, "SentencePiece model");
+  if (!data.ok()) return data.status();
+  return FromSerialized(*data, path);
 }
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::FromSerialized(
