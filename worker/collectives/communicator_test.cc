@@ -14,22 +14,13 @@
 
 #include "gtest/gtest.h"
 #include "tests/support/processes.h"
+#include "worker/collectives/collectives_testing.h"
 
 namespace ringlane::worker {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/rl_gloo_" + name + "_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-// Values whose sum depends on the order of addition.
-float Value(int rank, size_t i) {
-  const float big[4] = {1e8f, 1.0f, -1e8f, 3.0f};
-  return big[(rank + i) % 4] * (1.0f + 0.001f * static_cast<float>(i % 13)) + 0.37f * rank;
-}
+using testing::FreshDir;
+using testing::Value;
 
 class GlooTest : public ::testing::TestWithParam<int> {};
 

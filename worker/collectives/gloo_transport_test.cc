@@ -14,24 +14,15 @@
 #include "gtest/gtest.h"
 #include "services/log.h"
 #include "tests/support/processes.h"
+#include "worker/collectives/collectives_testing.h"
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/gloo_context.h"
 
 namespace ringlane::worker {
 namespace {
 
-std::string FreshDir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/rl_transport_" + name + "_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-// Values whose sum depends on the order of addition.
-float Value(int rank, size_t i) {
-  const float big[4] = {1e8f, 1.0f, -1e8f, 3.0f};
-  return big[(rank + i) % 4] * (1.0f + 0.001f * static_cast<float>(i % 13)) + 0.37f * rank;
-}
+using testing::FreshDir;
+using testing::Value;
 
 // Runs the collectives over `n` ranks and checks every result bit for bit;
 // 0 when all hold, else the number of the failed check.
