@@ -40,25 +40,8 @@ constexpr int kBlock = 16;
 std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
 std::string Tok() { return SourcePath("deploy/models/stories260K/tok512.bin"); }
 
-struct Golden {
-  std::vector<int32_t> prompt, ids;
-  std::string text;
-};
-
-const std::vector<Golden>& Goldens() {
-  static const std::vector<Golden> g = [] {
-    std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
-    nlohmann::json j = nlohmann::json::parse(f);
-    std::vector<Golden> out;
-    for (const auto& c : j["cases"]) {
-      out.push_back({c["prompt_ids"].get<std::vector<int32_t>>(),
-                     c["greedy_ids"].get<std::vector<int32_t>>(),
-                     c["greedy_text"].get<std::string>()});
-    }
-    return out;
-  }();
-  return g;
-}
+using Golden = testing::GoldenCase;
+const std::vector<Golden>& Goldens() { return testing::GoldenCases(); }
 
 const router::Tokenizer& Tokenizer() {
   static const auto* t = [] {

@@ -6,7 +6,6 @@
 #include <signal.h>
 
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "tests/support/daemon.h"
 #include "tests/support/lane_runner.h"
@@ -51,10 +49,9 @@ bool WaitReadyGroups(v1::Generate::Stub& stub, int n) {
 // Greedy ids of the golden case `i`, `max_tokens` long, with a session id
 // (which pins the request to the group the router first chose for it).
 v1::GenerateRequest Golden(int i, int max_tokens, const std::string& session) {
-  std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
-  nlohmann::json j = nlohmann::json::parse(f);
   v1::GenerateRequest r;
-  for (int id : j["cases"][i]["prompt_ids"]) r.mutable_token_ids()->add_ids(id);
+  const std::vector<int32_t>& prompt = testing::GoldenCases()[i].prompt;
+  r.mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
   r.set_max_tokens(max_tokens);
   r.set_ignore_eos(true);
   r.mutable_sampling()->set_temperature(0);
@@ -63,9 +60,7 @@ v1::GenerateRequest Golden(int i, int max_tokens, const std::string& session) {
 }
 
 std::vector<int32_t> GoldenIds(int i, int n) {
-  std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
-  nlohmann::json j = nlohmann::json::parse(f);
-  std::vector<int32_t> ids = j["cases"][i]["greedy_ids"];
+  std::vector<int32_t> ids = testing::GoldenCases()[i].ids;
   ids.resize(n);
   return ids;
 }

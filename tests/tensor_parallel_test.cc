@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/support/lane_runner.h"
 #include "tests/support/processes.h"
 #include "worker/collectives/communicator.h"
@@ -34,20 +33,7 @@ namespace {
 
 using testing::SourcePath;
 
-struct Golden {
-  std::vector<int32_t> prompt, ids;
-};
-
-std::vector<Golden> LoadGolden() {
-  std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
-  nlohmann::json j = nlohmann::json::parse(f);
-  std::vector<Golden> out;
-  for (const auto& c : j["cases"]) {
-    out.push_back(
-        {c["prompt_ids"].get<std::vector<int32_t>>(), c["greedy_ids"].get<std::vector<int32_t>>()});
-  }
-  return out;
-}
+using Golden = testing::GoldenCase;
 
 // Runs body(rank, comm) in `world` children; true when all exit with 0.
 bool RunGroup(int world, const std::string& dir,
@@ -114,7 +100,7 @@ class StoriesTp : public ::testing::TestWithParam<int> {};
 TEST_P(StoriesTp, TeacherForcedMatchesTp1AndGreedyMatchesGolden) {
   const int world = GetParam();
   const std::string model = SourcePath("deploy/models/stories260K/stories260K.bin");
-  const std::vector<Golden> golden = LoadGolden();
+  const std::vector<Golden>& golden = testing::GoldenCases();
   std::vector<int32_t> seq = golden[0].prompt;
   seq.insert(seq.end(), golden[0].ids.begin(), golden[0].ids.end());
 

@@ -23,7 +23,6 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "router/worker_group.h"
 #include "services/flags_util.h"
@@ -46,23 +45,8 @@ const char* kWorker = RINGLANE_WORKER_BIN;
 
 std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
 
-struct Golden {
-  std::vector<int32_t> prompt, ids;
-};
-
-const std::vector<Golden>& Goldens() {
-  static const std::vector<Golden> g = [] {
-    std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
-    nlohmann::json j = nlohmann::json::parse(f);
-    std::vector<Golden> out;
-    for (const auto& c : j["cases"]) {
-      out.push_back({c["prompt_ids"].get<std::vector<int32_t>>(),
-                     c["greedy_ids"].get<std::vector<int32_t>>()});
-    }
-    return out;
-  }();
-  return g;
-}
+using Golden = testing::GoldenCase;
+const std::vector<Golden>& Goldens() { return testing::GoldenCases(); }
 
 // One group of worker daemons on loopback.
 struct Group {

@@ -1,9 +1,11 @@
 #include "tests/support/lane_runner.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace ringlane::testing {
 
@@ -154,6 +156,21 @@ absl::StatusOr<std::unique_ptr<worker::Backend>> MakeSyntheticBackend(
     const worker::CpuBackendOptions& options) {
   if (absl::Status st = worker::WriteSyntheticModel(o); !st.ok()) return st;
   return MakeCpuBackend(o.out_dir, kv, options);
+}
+
+const std::vector<GoldenCase>& GoldenCases() {
+  static const std::vector<GoldenCase> cases = [] {
+    std::ifstream f(SourcePath("deploy/models/stories260K/golden.json"));
+    nlohmann::json j = nlohmann::json::parse(f);
+    std::vector<GoldenCase> out;
+    for (const auto& c : j["cases"]) {
+      out.push_back({c["prompt"].get<std::string>(), c["prompt_ids"].get<std::vector<int32_t>>(),
+                     c["greedy_ids"].get<std::vector<int32_t>>(),
+                     c["greedy_text"].get<std::string>()});
+    }
+    return out;
+  }();
+  return cases;
 }
 
 }  // namespace ringlane::testing

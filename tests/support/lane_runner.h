@@ -59,6 +59,19 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
 // Path of a file under the repository root.
 std::string SourcePath(const std::string& relative);
 
+// One case of deploy/models/stories260K/golden.json: the prompt's text and
+// ids, and the reference implementation's greedy continuation (ids, and the
+// text of prompt plus continuation).
+struct GoldenCase {
+  std::string prompt_text;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> ids;
+  std::string text;
+};
+
+// The golden cases, read once.
+const std::vector<GoldenCase>& GoldenCases();
+
 // Loads the model at `model_path` into a CPU backend with a KV pool.
 absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
     const std::string& model_path, const worker::KvPoolSpec& kv,
