@@ -45,26 +45,9 @@ grpc::Status GenerateServiceImpl::Generate(grpc::ServerContext* ctx,
 
 grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
                                            v1::TokenizeResponse* response) {
-  std::optional<ModelDescription> m = router_->model();
-  if (!request->model().empty() && m && request->model() != m->model_id) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("model: unknown model '", request->model(),
-                                     "'; this router serves '", m->model_id, "'"));
-  }
-  if (request->input_case() == v1::TokenizeRequest::kChat) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "chat: no chat template here (chat templates are not implemented yet)");
-  }
-  if (absl::Status st = CheckUtf8("text", request->text()); !st.ok()) {
-    return services::ToGrpcStatus(st);
-  }
-  auto ids = router_->tokenizer().Encode(request->text(), request->add_special_tokens());
-  if (!ids.ok()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("text: ", ids.status().message()));
-  }
-  response->mutable_token_ids()->Add(ids->begin(), ids->end());
-  response->set_max_context_tokens(m ? m->max_context_tokens : 0);
+  absl::StatusOr<v1::TokenizeResponse> r = router_->Tokenize(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = std::move(*r);
   return grpc::Status::OK;
 }
 

@@ -10,15 +10,22 @@
 // does).
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "router/chat_template.h"
+#include "router/gateway.h"
 #include "router/generate_service.h"
 #include "router/router.h"
 #include "router/seed.h"
@@ -57,9 +64,83 @@ ABSL_FLAG(std::string, round_log, "",
 ABSL_FLAG(int, connect_timeout_ms, 3000, "how long one attempt to connect a worker group waits");
 ABSL_FLAG(int, drain_timeout_ms, 5000, "how long running calls may finish on SIGTERM");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
+          "host:port of the OpenAI-compatible HTTP gateway; port 0 picks one; 'off' = none");
+ABSL_FLAG(std::string, api_key_file, "",
+          "file of accepted API keys, one per line ('#' comments); also RINGLANE_API_KEYS "
+          "(comma-separated). Without keys the gateway only serves loopback");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "serve a non-loopback --http_listen without API keys");
+ABSL_FLAG(bool, metrics_require_key, false, "require an API key for /metrics too");
+ABSL_FLAG(int, max_concurrent_per_key, 64,
+          "generation requests in progress per API key (one shared count without keys); 0 = no "
+          "limit");
+ABSL_FLAG(int64_t, max_body_bytes, 16 << 20, "largest HTTP request body; larger is 413");
+ABSL_FLAG(int, http_max_connections, 1024, "HTTP connections open at once; more get 503");
+ABSL_FLAG(std::string, chat_template, "auto",
+          "chat template: auto (from tokenizer_config.json beside --tokenizer; plain when it "
+          "has none), plain, chatml, qwen2, llama3, llama3.1 or glm4");
+ABSL_FLAG(bool, loop_watchdog, true,
+          "stop generations that loop (requests may opt out with loop_watchdog: false)");
+ABSL_FLAG(int, loop_max_period, 64, "longest token cycle the loop watchdog looks for");
+ABSL_FLAG(int, loop_flag_repeats, 4,
+          "occurrences of a cycle in a row that flag a lane as looping (metric, log line)");
+ABSL_FLAG(int, loop_stop_tokens, 256,
+          "tokens of pure repetition after which a looping lane is stopped (finish reason "
+          "loop); 0 = only flag");
 
 namespace rs = ringlane::services;
 namespace rr = ringlane::router;
+
+namespace {
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Keys from --api_key_file and RINGLANE_API_KEYS; exits when the file
+// cannot be read.
+std::set<std::string> LoadApiKeys(const std::string& file) {
+  std::set<std::string> keys;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) rs::ExitWithUsageError(absl::StrCat("--api_key_file: cannot read ", file));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::string k(absl::StripAsciiWhitespace(line));
+      if (!k.empty() && k[0] != '#') keys.insert(k);
+    }
+    if (keys.empty()) rs::ExitWithUsageError(absl::StrCat("--api_key_file: no keys in ", file));
+  }
+  if (const char* env = std::getenv("RINGLANE_API_KEYS")) {
+    for (absl::string_view k : absl::StrSplit(env, ',')) {
+      std::string key(absl::StripAsciiWhitespace(k));
+      if (!key.empty()) keys.insert(key);
+    }
+  }
+  return keys;
+}
+
+// --chat_template=auto: the template named by tokenizer_config.json in the
+// tokenizer's directory (or beside the tokenizer file).
+absl::StatusOr<rr::ChatTemplate> ResolveChatTemplate(const std::string& flag,
+                                                     const std::string& tokenizer_path) {
+  if (flag != "auto") return rr::ChatTemplateByName(flag);
+  std::filesystem::path dir(tokenizer_path);
+  if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  const std::filesystem::path config = dir / "tokenizer_config.json";
+  std::ifstream in(config);
+  if (!in) return rr::ChatTemplate(rr::ChatTemplateFamily::kPlain);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto t = rr::DetectChatTemplate(text);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat(config.string(), ": ", t.status().message(),
+                                                        "; choose one with --chat_template"));
+  }
+  return t;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -123,6 +204,45 @@ int main(int argc, char** argv) {
     rs::ExitWithUsageError("--pipeline_depth must be 1 or 2");
   }
   o.round_log_path = absl::GetFlag(FLAGS_round_log);
+  o.loop_watchdog.enabled = absl::GetFlag(FLAGS_loop_watchdog);
+  o.loop_watchdog.max_period = absl::GetFlag(FLAGS_loop_max_period);
+  o.loop_watchdog.flag_repeats = absl::GetFlag(FLAGS_loop_flag_repeats);
+  o.loop_watchdog.stop_after_tokens = absl::GetFlag(FLAGS_loop_stop_tokens);
+  if (auto d = rr::LoopDetector::Create(o.loop_watchdog); !d.ok()) {
+    rs::ExitWithUsageError(absl::StrCat("--loop_*: ", d.status().message()));
+  }
+  auto chat_template = ResolveChatTemplate(absl::GetFlag(FLAGS_chat_template), tok_path);
+  if (!chat_template.ok()) {
+    rs::ExitWithUsageError(absl::StrCat("--chat_template: ", chat_template.status().message()));
+  }
+  o.chat_template = *chat_template;
+
+  rr::GatewayOptions go;
+  const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
+  const bool http_on = http_listen != "off";
+  if (http_on) {
+    auto hp = rs::ParseHostPort(http_listen);
+    if (!hp.ok()) rs::ExitWithUsageError(absl::StrCat("--http_listen: ", hp.status().message()));
+    go.listen = http_listen;
+    go.api_keys = LoadApiKeys(absl::GetFlag(FLAGS_api_key_file));
+    if (go.api_keys.empty() && !IsLoopbackHost(hp->first) &&
+        !absl::GetFlag(FLAGS_allow_unauthenticated)) {
+      rs::ExitWithUsageError(absl::StrCat(
+          "--http_listen=", http_listen,
+          " is reachable from other hosts but no API keys are set: give --api_key_file or "
+          "RINGLANE_API_KEYS, or pass --allow_unauthenticated"));
+    }
+  }
+  go.metrics_require_key = absl::GetFlag(FLAGS_metrics_require_key);
+  go.max_concurrent_per_key = absl::GetFlag(FLAGS_max_concurrent_per_key);
+  if (go.max_concurrent_per_key < 0)
+    rs::ExitWithUsageError("--max_concurrent_per_key must be >= 0");
+  const int64_t max_body = absl::GetFlag(FLAGS_max_body_bytes);
+  if (max_body < 1024) rs::ExitWithUsageError("--max_body_bytes must be >= 1024");
+  go.max_body_bytes = static_cast<size_t>(max_body);
+  go.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+  if (go.max_connections < 1) rs::ExitWithUsageError("--http_max_connections must be >= 1");
+
   const int connect_ms = absl::GetFlag(FLAGS_connect_timeout_ms);
   if (connect_ms < 1) rs::ExitWithUsageError("--connect_timeout_ms must be positive");
   o.connect_timeout = std::chrono::milliseconds(connect_ms);
@@ -132,6 +252,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --tokenizer: %s\n", std::string(tok.status().message()).c_str());
     return 1;
   }
+  const std::string o_chat_name(o.chat_template.name());
   auto router = rr::Router::Create(std::move(o), std::move(*tok));
   if (!router.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(router.status().message()).c_str());
@@ -142,16 +263,40 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --listen: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
+  std::unique_ptr<rr::Gateway> gateway;
+  if (http_on) {
+    auto g = rr::Gateway::Start(router->get(), go);
+    if (!g.ok()) {
+      std::fprintf(stderr, "error: --http_listen: %s\n", std::string(g.status().message()).c_str());
+      return 1;
+    }
+    gateway = std::move(*g);
+  }
   const auto hp = *rs::ParseHostPort(listen);
-  std::printf("LISTENING router=%s\n", rs::JoinHostPort(hp.first, (*server)->port()).c_str());
+  std::string line =
+      absl::StrCat("LISTENING router=", rs::JoinHostPort(hp.first, (*server)->port()));
+  if (gateway) {
+    const std::string http =
+        rs::JoinHostPort(rs::ParseHostPort(http_listen)->first, gateway->port());
+    absl::StrAppend(&line, "\nLISTENING http=", http);
+    RL_LOG(INFO) << "serving the OpenAI API on http://" << http << "/v1 ("
+                 << (go.api_keys.empty() ? std::string("no API key required")
+                                         : absl::StrCat(go.api_keys.size(), " API key(s)"))
+                 << ", chat template " << std::string(o_chat_name) << ")";
+  }
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   RL_LOG(INFO) << "serving the Generate API on " << rs::JoinHostPort(hp.first, (*server)->port())
                << " for " << workers;
 
   const int sig = rs::WaitForShutdownSignal();
   RL_LOG(INFO) << "signal " << sig << ", draining";
-  (*server)->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  if (gateway) gateway->BeginDrain();
+  (*server)->Shutdown(absl::ToChronoTime(deadline));
+  if (gateway) gateway->Shutdown(deadline);
+  gateway.reset();
   router->reset();
   server->reset();
   return 0;

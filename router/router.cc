@@ -55,12 +55,20 @@ namespace {
 
 struct RequestState;
 
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 struct Choice {
   int index = 0;
   std::vector<int32_t> generated;
   std::unique_ptr<IncrementalDecoder> decoder;
   std::optional<StopMatcher> matcher;
+  // Absent when the watchdog is off for the request.
+  std::optional<LoopDetector> loop;
   bool finished = false;
+  Clock::time_point first_token;
+  Clock::time_point last_token;
 };
 
 struct RequestState {
@@ -72,12 +80,27 @@ struct RequestState {
   int completion_tokens = 0;
   int64_t cached_tokens = -1;  // of choice 0's first lane
   bool failed = false;
+  // Set when the request is queued on a group: its series, and when.
+  GroupMetrics* metrics = nullptr;
+  Clock::time_point submitted;
+  bool any_token = false;
+  // Its end (finished, failed or cancelled) was counted.
+  bool accounted = false;
 
   bool dead() const { return failed || queue->cancelled(); }
   void Fail(absl::Status status) {
     if (failed) return;
     failed = true;
+    Account(queue->cancelled() ? &GroupMetrics::requests_cancelled
+                               : &GroupMetrics::requests_failed);
     queue->Finish(std::move(status));
+  }
+  // Counts the request's end once, in `outcome` and the end-to-end latency.
+  void Account(prometheus::Counter* GroupMetrics::*outcome) {
+    if (accounted || metrics == nullptr) return;
+    accounted = true;
+    (metrics->*outcome)->Increment();
+    metrics->e2e_request_latency_s->Observe(Seconds(Clock::now() - submitted));
   }
 };
 
@@ -153,6 +176,8 @@ class Router::Group {
   absl::Status Enqueue(std::shared_ptr<RequestState> req) {
     absl::MutexLock l(&mu_);
     if (!ready_) return absl::UnavailableError(NotReadyMessage());
+    req->metrics = &metrics_;
+    req->submitted = Clock::now();
     const int64_t n = static_cast<int64_t>(req->choices.size());
     if (!AdmitToQueue(static_cast<int64_t>(waiting_.size()), n, router_->options_.max_waiting)) {
       return absl::ResourceExhaustedError(
@@ -161,6 +186,8 @@ class Router::Group {
                        " (--max_waiting=", router_->options_.max_waiting, "); retry later"));
     }
     for (int i = 0; i < n; ++i) waiting_.push_back({req, i});
+    if (req->p.default_temperature) metrics_.requests_default_temperature->Increment();
+    UpdateGauges();
     return absl::OkStatus();
   }
 
@@ -206,6 +233,15 @@ class Router::Group {
   void OnToken(Lane& lane, const v1::SampledToken& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAll(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Compact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Feeds a sampled token to the choice's loop watchdog: flags (metric, log)
+  // and says whether the loop has run long enough to stop the choice.
+  // Latency series for `count` tokens of a lane arriving at `now` (they
+  // share the gap since the choice's previous token).
+  void NoteTokenTimes(Lane& lane, int count, Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LoopShouldStop(const RequestState& req, Choice& c, int32_t token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !waiting_.empty() || !lanes_.empty() || !pending_release_.empty();
   }
@@ -234,6 +270,11 @@ class Router::Group {
   uint64_t round_id_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t prefilled_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t block_size_ ABSL_GUARDED_BY(mu_) = 16;
+  // Series of this group; set at the first connection (the model id comes
+  // from the workers), before any request can be queued here.
+  GroupMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  int64_t prompt_tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cached_tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 namespace {
@@ -292,11 +333,17 @@ bool Router::Group::Connect() {
                << info.tp_world_size() << ", epoch " << info.group_epoch() << ", "
                << info.kv_pool_blocks() << " KV blocks of " << info.block_size_tokens()
                << " tokens";
+  const std::string model = router_->model()->model_id;
   absl::MutexLock l(&mu_);
+  if (metrics_.rounds == nullptr)
+    metrics_ = router_->metrics_.ForGroup(model, static_cast<int>(index_));
   kv_ = std::move(*kv);
   block_size_ = info.block_size_tokens();
   epoch_ = info.group_epoch();
   ready_ = true;
+  metrics_.group_ready->Set(1);
+  metrics_.group_epoch->Set(static_cast<double>(epoch_));
+  UpdateGauges();
   status_.clear();
   client_ = std::move(*c);
   return true;
@@ -311,6 +358,8 @@ void Router::Group::OnGroupFailure(const absl::Status& status) {
   // A re-formed group has lost its KV contents: the ledger starts over.
   kv_->Reset();
   ready_ = false;
+  metrics_.group_ready->Set(0);
+  UpdateGauges();
   status_ = std::string(status.message());
   client_.reset();
 }
@@ -387,7 +436,10 @@ void Router::Group::Loop() {
       RL_LOG(ERROR) << "worker group " << index_ << " answered round " << r->round_id()
                     << " where round " << round.plan.round_id() << " was due";
     }
+    metrics_.rounds->Increment();
+    metrics_.round_duration_s->Observe(Seconds(done - round.sent));
     ApplyResult(round, *r, busy_us);
+    UpdateGauges();
   }
   in_flight_.clear();
   absl::MutexLock l(&mu_);
@@ -402,6 +454,20 @@ void Router::Group::FailAll(const absl::Status& status) {
   lanes_.clear();
   waiting_.clear();
   pending_release_.clear();
+}
+
+void Router::Group::UpdateGauges() {
+  if (metrics_.rounds == nullptr) return;
+  int64_t live = 0;
+  for (const auto& lane : lanes_) live += lane->gone ? 0 : 1;
+  metrics_.lanes_running->Set(static_cast<double>(live));
+  metrics_.lanes_waiting->Set(static_cast<double>(waiting_.size()));
+  if (kv_) {
+    const KvBlockStats st = kv_->stats();
+    metrics_.kv_blocks_total->Set(static_cast<double>(st.num_blocks));
+    metrics_.kv_blocks_used->Set(
+        static_cast<double>(st.num_blocks - st.free_blocks - st.evictable_blocks));
+  }
 }
 
 void Router::Group::Compact() {
@@ -426,6 +492,7 @@ void Router::Group::Preempt(Lane& lane, v1::RoundPlan* plan) {
   row->set_release_lane(true);
   lane.gone = true;
   waiting_.push_front({lane.req, lane.choice});
+  metrics_.preemptions->Increment();
 }
 
 bool Router::Group::WantsDecodeRow(const Lane& lane) const {
@@ -479,6 +546,7 @@ void Router::Group::BuildPlan(InFlightRound* round) {
   for (auto& lane : lanes_) {
     if (lane->req->dead()) {
       RL_LOG(DEBUG) << "dropping lane " << lane->id << " of request " << lane->req->p.request_id;
+      lane->req->Account(&GroupMetrics::requests_cancelled);
       kv_->Release(lane->id).IgnoreError();
       v1::LaneStep* row = plan->add_rows();
       row->set_lane_id(lane->id);
@@ -488,7 +556,11 @@ void Router::Group::BuildPlan(InFlightRound* round) {
   }
   Compact();
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
-                                [](const Waiting& w) { return w.req->dead(); }),
+                                [](const Waiting& w) {
+                                  if (!w.req->dead()) return false;
+                                  w.req->Account(&GroupMetrics::requests_cancelled);
+                                  return true;
+                                }),
                  waiting_.end());
 
   // Decode rows, oldest lane first; a lane that cannot grow takes blocks from
@@ -579,7 +651,15 @@ void Router::Group::BuildPlan(InFlightRound* round) {
       continue;
     }
     waiting_.pop_front();
-    if (w.choice == 0 && w.req->cached_tokens < 0) w.req->cached_tokens = *cached;
+    if (w.choice == 0 && w.req->cached_tokens < 0) {
+      w.req->cached_tokens = *cached;
+      prompt_tokens_total_ += static_cast<int64_t>(w.req->p.prompt.size());
+      cached_tokens_total_ += *cached;
+      metrics_.prompt_tokens->Increment(static_cast<double>(w.req->p.prompt.size()));
+      metrics_.cached_prompt_tokens->Increment(static_cast<double>(*cached));
+      metrics_.prefix_cache_hit_rate->Set(static_cast<double>(cached_tokens_total_) /
+                                          static_cast<double>(prompt_tokens_total_));
+    }
     lane->fed = *cached;
     lane->committed_blocks = *cached / block_size_;
     const int64_t chunk = std::min(limit, lane->prompt_len - lane->fed);
@@ -626,6 +706,8 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
   const Tokenizer& tok = *router_->tokenizer_;
   c.generated.push_back(t.token_id());
   ++req.completion_tokens;
+  metrics_.generation_tokens->Increment();
+  const bool loop_stop = LoopShouldStop(req, c, t.token_id());
   v1::GenerateResponse msg;
   msg.set_request_id(req.p.request_id);
   msg.set_index(c.index);
@@ -657,7 +739,7 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
     if (c.matcher->stopped()) {
       finish = v1::FINISH_REASON_STOP;
       msg.set_stop_string(c.matcher->stop_strings()[o.matched_stop]);
-    } else if (static_cast<int>(c.generated.size()) >= req.p.max_tokens) {
+    } else if (loop_stop || static_cast<int>(c.generated.size()) >= req.p.max_tokens) {
       StopMatcher::Output rest = c.matcher->Feed(c.decoder->Flush());
       text += rest.text;
       if (c.matcher->stopped()) {
@@ -665,7 +747,7 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
         msg.set_stop_string(c.matcher->stop_strings()[rest.matched_stop]);
       } else {
         text += c.matcher->Finish();
-        finish = v1::FINISH_REASON_LENGTH;
+        finish = loop_stop ? v1::FINISH_REASON_LOOP : v1::FINISH_REASON_LENGTH;
       }
     }
   }
@@ -674,6 +756,24 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
     msg.set_finish_reason(finish);
     c.finished = true;
     ReleaseLane(lane);
+    switch (finish) {
+      case v1::FINISH_REASON_STOP:
+        metrics_.finish_stop->Increment();
+        break;
+      case v1::FINISH_REASON_LOOP:
+        metrics_.finish_loop->Increment();
+        metrics_.loops_stopped->Increment();
+        RL_LOG(WARNING) << "request " << req.p.request_id << " choice " << c.index
+                        << ": the loop watchdog stopped it after " << c.generated.size()
+                        << " tokens (finish reason loop)";
+        break;
+      default:
+        metrics_.finish_length->Increment();
+    }
+    if (c.generated.size() >= 2) {
+      metrics_.time_per_output_token_s->Observe(Seconds(c.last_token - c.first_token) /
+                                                static_cast<double>(c.generated.size() - 1));
+    }
     if (--req.choices_left == 0) {
       v1::Usage* u = msg.mutable_usage();
       u->set_prompt_tokens(static_cast<int32_t>(req.p.prompt.size()));
@@ -683,8 +783,39 @@ void Router::Group::OnToken(Lane& lane, const v1::SampledToken& t) {
   }
   req.queue->Push(std::move(msg));
   if (finish != v1::FINISH_REASON_UNSPECIFIED && req.choices_left == 0) {
+    req.Account(&GroupMetrics::requests_finished);
     req.queue->Finish(absl::OkStatus());
   }
+}
+
+void Router::Group::NoteTokenTimes(Lane& lane, int count, Clock::time_point now) {
+  RequestState& req = *lane.req;
+  Choice& c = req.choices[lane.choice];
+  if (c.finished || req.dead()) return;
+  if (!req.any_token) {
+    req.any_token = true;
+    metrics_.time_to_first_token_s->Observe(Seconds(now - req.submitted));
+  }
+  if (c.generated.empty()) {
+    c.first_token = now;
+    --count;  // the first token has no gap
+  } else if (count > 0) {
+    const double gap = Seconds(now - c.last_token) / count;
+    for (int i = 0; i < count; ++i) metrics_.inter_token_latency_s->Observe(gap);
+  }
+  c.last_token = now;
+}
+
+bool Router::Group::LoopShouldStop(const RequestState& req, Choice& c, int32_t token) {
+  if (!c.loop) return false;
+  const LoopDetector::Verdict v = c.loop->Feed(token);
+  if (v.flagged_now) {
+    metrics_.loops_detected->Increment();
+    RL_LOG(WARNING) << "request " << req.p.request_id << " choice " << c.index
+                    << ": loop detected, a cycle of " << v.period << " tokens repeats (after "
+                    << c.generated.size() << " generated tokens)";
+  }
+  return v.should_stop;
 }
 
 void Router::Group::ApplyResult(const InFlightRound& round, const v1::RoundResult& result,
@@ -714,6 +845,7 @@ void Router::Group::ApplyResult(const InFlightRound& round, const v1::RoundResul
     attended += AttendedPairs(row.start_position(), n);
   }
   cost_.Observe(tokens, round_us, attended);
+  metrics_.round_tokens->Observe(static_cast<double>(tokens));
   // Commit before the tokens can finish and release a lane, so a finished
   // request's blocks stay cached for a resend. Only up to what this round
   // fed: a later round in flight has not written its positions yet.
@@ -734,11 +866,13 @@ void Router::Group::ApplyResult(const InFlightRound& round, const v1::RoundResul
     if (!st.ok()) RL_LOG(ERROR) << "commit of lane " << lane.id << ": " << st;
     lane.committed_blocks = full;
   }
+  const Clock::time_point now = Clock::now();
   for (const v1::LaneOutput& o : result.outputs()) {
     auto it = by_id.find(o.lane_id());
     // A lane that finished or was dropped while this round was in flight:
     // what it sampled is past its end.
     if (it == by_id.end() || it->second->gone) continue;
+    if (o.tokens_size() > 0) NoteTokenTimes(*it->second, o.tokens_size(), now);
     for (const v1::SampledToken& t : o.tokens()) {
       it->second->seq.push_back(t.token_id());
       OnToken(*it->second, t);
@@ -777,6 +911,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
         options.max_lanes, " with a budget of ", options.round_token_budget));
   }
   if (options.max_waiting < 1) return absl::InvalidArgumentError("max_waiting must be >= 1");
+  if (auto loop = LoopDetector::Create(options.loop_watchdog); !loop.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("loop watchdog: ", loop.status().message()));
+  }
   if (options.min_prefill_chunk < 1) {
     return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   }
@@ -850,6 +987,47 @@ absl::Status CheckUtf8(const std::string& field, std::string_view text) {
 
 namespace {}  // namespace
 
+absl::StatusOr<std::vector<int32_t>> Router::EncodeChat(const v1::ChatMessages& chat) const {
+  std::vector<ChatMessage> messages;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    if (absl::Status st = CheckUtf8(absl::StrCat("messages[", i, "].content"), m.content());
+        !st.ok()) {
+      return st;
+    }
+    messages.push_back({m.role(), m.content()});
+  }
+  absl::StatusOr<std::string> text = options_.chat_template.Render(messages, true);
+  if (!text.ok()) return Invalid("messages", std::string(text.status().message()));
+  // Templates that spell out their framing tokens (Llama's BOS, GLM's
+  // prefix) must not get another; the plain one relies on the tokenizer's.
+  const bool add_special = options_.chat_template.family() == ChatTemplateFamily::kPlain;
+  auto ids = tokenizer_->Encode(*text, add_special);
+  if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
+  return ids;
+}
+
+absl::StatusOr<v1::TokenizeResponse> Router::Tokenize(const v1::TokenizeRequest& request) const {
+  std::optional<ModelDescription> m = model();
+  if (!request.model().empty() && m && request.model() != m->model_id) {
+    return Invalid("model", absl::StrCat("unknown model '", request.model(),
+                                         "'; this router serves '", m->model_id, "'"));
+  }
+  absl::StatusOr<std::vector<int32_t>> ids;
+  if (request.input_case() == v1::TokenizeRequest::kChat) {
+    ids = EncodeChat(request.chat());
+  } else {
+    if (absl::Status st = CheckUtf8("text", request.text()); !st.ok()) return st;
+    ids = tokenizer_->Encode(request.text(), request.add_special_tokens());
+    if (!ids.ok()) return Invalid("text", std::string(ids.status().message()));
+  }
+  if (!ids.ok()) return ids.status();
+  v1::TokenizeResponse response;
+  response.mutable_token_ids()->Add(ids->begin(), ids->end());
+  response.set_max_context_tokens(m ? m->max_context_tokens : 0);
+  return response;
+}
+
 absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& request) const {
   std::optional<ModelDescription> m = model();
   if (!m) {
@@ -876,11 +1054,12 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
       p.prompt.assign(ids.begin(), ids.end());
       break;
     }
-    case v1::GenerateRequest::kChat:
-      return Invalid("prompt.chat",
-                     absl::StrCat("model '", m->model_id,
-                                  "' has no chat template here (chat templates are not "
-                                  "implemented yet); send text or token_ids"));
+    case v1::GenerateRequest::kChat: {
+      auto ids = EncodeChat(request.chat());
+      if (!ids.ok()) return ids.status();
+      p.prompt = std::move(*ids);
+      break;
+    }
     case v1::GenerateRequest::kText:
     case v1::GenerateRequest::PROMPT_NOT_SET: {
       if (absl::Status st = CheckUtf8("prompt.text", request.text()); !st.ok()) return st;
@@ -938,6 +1117,14 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
     return Invalid("max_tokens", absl::StrCat("must be >= 1, got ", request.max_tokens()));
   }
   const int64_t room = m->max_context_tokens - len;
+  // An explicit max_tokens the context cannot hold is the client's mistake
+  // (as in vLLM); silently generating fewer would look like a model stop.
+  if (request.has_max_tokens() && request.max_tokens() > room) {
+    return Invalid("max_tokens",
+                   absl::StrCat(request.max_tokens(), " tokens after a prompt of ", len,
+                                " tokens exceed the model's context of ", m->max_context_tokens,
+                                " tokens (at most ", room, " can be generated)"));
+  }
   int64_t max_tokens = request.has_max_tokens()          ? request.max_tokens()
                        : options_.max_tokens_default > 0 ? options_.max_tokens_default
                                                          : room;
@@ -957,6 +1144,9 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
     return Invalid("stop_token_ids", std::string(st.status().message()));
   }
   p.ignore_eos = request.ignore_eos();
+  p.default_temperature = !s.has_temperature();
+  p.loop_watchdog =
+      request.has_loop_watchdog() ? request.loop_watchdog() : options_.loop_watchdog.enabled;
   p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
   p.echo = request.echo();
   p.session_id = request.session_id();
@@ -1006,6 +1196,13 @@ absl::Status Router::Submit(PreparedRequest request, std::shared_ptr<ResponseQue
     auto matcher = StopMatcher::Create(request.stop);
     if (!matcher.ok()) return Invalid("stop", std::string(matcher.status().message()));
     c.matcher = std::move(*matcher);
+    if (request.loop_watchdog) {
+      LoopWatchdogOptions lo = options_.loop_watchdog;
+      lo.enabled = true;
+      auto loop = LoopDetector::Create(lo);
+      if (!loop.ok()) return loop.status();
+      c.loop = std::move(*loop);
+    }
     if (request.echo) {
       v1::GenerateResponse msg;
       msg.set_request_id(request.request_id);

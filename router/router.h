@@ -63,7 +63,10 @@
 #include "absl/time/time.h"
 #include "ringlane/v1/generate.pb.h"
 #include "ringlane/v1/worker.pb.h"
+#include "router/chat_template.h"
 #include "router/kv_block_manager.h"
+#include "router/loop_watchdog.h"
+#include "router/router_metrics.h"
 #include "router/scheduler.h"
 #include "router/seed.h"
 #include "router/stop_matcher.h"
@@ -106,6 +109,11 @@ struct RouterOptions {
   // When set, every round sent is appended to this file as one JSON line
   // (FormatRoundLog); for tests and traces, it costs a write per round.
   std::string round_log_path;
+  // Renders chat requests (GenerateRequest.chat, TokenizeRequest.chat).
+  ChatTemplate chat_template{ChatTemplateFamily::kPlain};
+  // The loop watchdog of every choice; a request may turn it off or on
+  // (GenerateRequest.loop_watchdog).
+  LoopWatchdogOptions loop_watchdog;
 };
 
 // A GenerateRequest after validation, tokenization and sampling policy.
@@ -123,6 +131,9 @@ struct PreparedRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   std::string session_id;
+  // The request gave no temperature (counted in metrics).
+  bool default_temperature = false;
+  bool loop_watchdog = true;
 };
 
 // The messages of one Generate call, from the scheduler thread to the RPC
@@ -193,6 +204,18 @@ class Router {
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   std::optional<ModelDescription> model() const;
+  // The prompt ids of a conversation: rendered with the chat template (with
+  // the assistant's generation prompt) and encoded. InvalidArgument naming
+  // the message at fault.
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(const ringlane::v1::ChatMessages& chat) const;
+  // The Tokenize API: text (with or without the tokenizer's special
+  // tokens) or a conversation, for the served model.
+  absl::StatusOr<ringlane::v1::TokenizeResponse> Tokenize(
+      const ringlane::v1::TokenizeRequest& request) const;
+  const ChatTemplate& chat_template() const { return options_.chat_template; }
+  // The registry of every router metric (the gateway adds its own and
+  // serves it on /metrics).
+  std::shared_ptr<prometheus::Registry> metrics_registry() const { return metrics_.registry(); }
   std::vector<GroupState> groups() const;
   bool any_ready() const;
   int64_t created_unix_s() const { return created_unix_s_; }
@@ -206,6 +229,7 @@ class Router {
   const RouterOptions options_;
   const std::unique_ptr<Tokenizer> tokenizer_;
   const int64_t created_unix_s_;
+  RouterMetrics metrics_;
   std::vector<std::unique_ptr<Group>> groups_;
 
   mutable absl::Mutex mu_;

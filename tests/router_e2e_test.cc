@@ -76,7 +76,7 @@ std::unique_ptr<Cluster> StartCluster(int world, std::vector<std::string> worker
     c->workers.push_back(std::move(*d));
   }
   std::vector<std::string> a = {"--workers=" + addrs, "--tokenizer=" + Tok(),
-                                "--listen=127.0.0.1:0"};
+                                "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0"};
   a.insert(a.end(), router_extra.begin(), router_extra.end());
   auto r = Daemon::Start(kRouter, a, {"router"});
   EXPECT_TRUE(r.ok()) << r.status();
@@ -384,9 +384,14 @@ TEST_F(RouterE2eTest, BadRequestsAreInvalidArgumentAndServingGoesOn) {
   {
     auto r = base();
     auto* m = r.mutable_chat()->add_messages();
-    m->set_role("user");
+    m->set_role("wizard");
     m->set_content("hi");
-    cases.push_back({"chat without template", r, "prompt.chat"});
+    cases.push_back({"chat role the template does not know", r, "messages"});
+  }
+  {
+    auto r = base();
+    r.set_max_tokens(600);
+    cases.push_back({"max_tokens over the context", r, "max_tokens"});
   }
   for (const Case& c : cases) {
     CallOut o = Call(stub(), c.req);
@@ -715,7 +720,7 @@ TEST(RouterDaemonTest, BadFlagsExitNonZero) {
 TEST(RouterDaemonTest, WithoutWorkersItServesUnavailable) {
   auto r = Daemon::Start(kRouter,
                          {"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--listen=127.0.0.1:0",
-                          "--connect_timeout_ms=200"},
+                          "--http_listen=127.0.0.1:0", "--connect_timeout_ms=200"},
                          {"router"});
   ASSERT_TRUE(r.ok()) << r.status();
   auto stub = v1::Generate::NewStub(

@@ -86,11 +86,12 @@ TEST(RouterGroupsTest, ADeadWorkerFailsOnlyItsGroupAndComesBack) {
   auto b = Daemon::Start(RINGLANE_WORKER_BIN, WorkerArgs("b", "127.0.0.1:0"));
   ASSERT_TRUE(a.ok() && b.ok());
   const std::string b_addr = (*b)->address();
-  auto router = Daemon::Start(RINGLANE_ROUTER_BIN,
-                              {"--workers=" + (*a)->address() + ";" + b_addr,
-                               "--tokenizer=" + SourcePath("deploy/models/stories260K/tok512.bin"),
-                               "--listen=127.0.0.1:0", "--connect_timeout_ms=1000"},
-                              {"router"});
+  auto router = Daemon::Start(
+      RINGLANE_ROUTER_BIN,
+      {"--workers=" + (*a)->address() + ";" + b_addr,
+       "--tokenizer=" + SourcePath("deploy/models/stories260K/tok512.bin"), "--listen=127.0.0.1:0",
+       "--http_listen=127.0.0.1:0", "--connect_timeout_ms=1000"},
+      {"router"});
   ASSERT_TRUE(router.ok()) << router.status();
   auto stub = v1::Generate::NewStub(
       grpc::CreateChannel((*router)->address("router"), grpc::InsecureChannelCredentials()));
@@ -141,11 +142,11 @@ TEST(RouterGroupsTest, ADeadWorkerFailsOnlyItsGroupAndComesBack) {
 TEST(RouterGroupsTest, TextThatIsNotUtf8IsInvalidArgument) {
   auto w = Daemon::Start(RINGLANE_WORKER_BIN, WorkerArgs("g", "127.0.0.1:0"));
   ASSERT_TRUE(w.ok());
-  auto router = Daemon::Start(
-      RINGLANE_ROUTER_BIN,
-      {"--workers=" + (*w)->address(),
-       "--tokenizer=" + SourcePath("deploy/models/stories260K/tok512.bin"), "--listen=127.0.0.1:0"},
-      {"router"});
+  auto router = Daemon::Start(RINGLANE_ROUTER_BIN,
+                              {"--workers=" + (*w)->address(),
+                               "--tokenizer=" + SourcePath("deploy/models/stories260K/tok512.bin"),
+                               "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0"},
+                              {"router"});
   ASSERT_TRUE(router.ok());
   auto stub = v1::Generate::NewStub(
       grpc::CreateChannel((*router)->address("router"), grpc::InsecureChannelCredentials()));

@@ -26,6 +26,7 @@
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "router/worker_group.h"
 #include "services/flags_util.h"
+#include "services/http_client.h"
 #include "tests/support/daemon.h"
 #include "tests/support/group_driver.h"
 #include "tests/support/lane_runner.h"
@@ -604,27 +605,14 @@ TEST(WorkerDaemonTest, SigtermDrainsAndExitsZero) {
   EXPECT_THAT(g.ranks[0]->Stderr(), HasSubstr("draining"));
 }
 
-// GET /metrics over a plain socket.
+// GET `path` of a daemon's metrics endpoint; "" when that fails.
 std::string HttpGet(const std::string& host_port, const std::string& path) {
   auto hp = services::ParseHostPort(host_port);
   if (!hp.ok()) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(hp->second));
-  inet_pton(AF_INET, hp->first.c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: x\r\n\r\n");
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return resp;
+  auto c = services::HttpClient::Connect(hp->first, hp->second, absl::Seconds(5));
+  if (!c.ok()) return "";
+  auto r = (*c)->Send({.target = path}, absl::Seconds(10));
+  return r.ok() ? r->body : "";
 }
 
 TEST(WorkerDaemonTest, MetricsCountRoundsAndTokens) {
@@ -636,16 +624,18 @@ TEST(WorkerDaemonTest, MetricsCountRoundsAndTokens) {
   ASSERT_TRUE(out.ok());
   // Rank 0 ran 200 rounds (1 prefill + 199 decode) plus the release.
   const std::string m = HttpGet(g.ranks[0]->address("metrics"), "/metrics");
+  EXPECT_THAT(m, HasSubstr("ringlane_worker_rounds_total{group=\"default\",model=\"stories260K\","
+                           "rank=\"0\",result=\"ok\"} 201"));
+  EXPECT_THAT(m, HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",model="
+                           "\"stories260K\",rank=\"0\"} 200"));
   EXPECT_THAT(
-      m, HasSubstr("ringlane_worker_rounds_total{group=\"default\",rank=\"0\",result=\"ok\"} 201"));
-  EXPECT_THAT(m,
-              HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",rank=\"0\"} 200"));
-  EXPECT_THAT(m, HasSubstr("ringlane_worker_group_epoch{group=\"default\",rank=\"0\"} 1"));
+      m, HasSubstr(
+             "ringlane_worker_group_epoch{group=\"default\",model=\"stories260K\",rank=\"0\"} 1"));
   EXPECT_THAT(m, HasSubstr("ringlane_worker_round_collective_seconds_count"));
   // Rank 1 samples the same tokens (it reports none, but counts them).
   const std::string m1 = HttpGet(g.ranks[1]->address("metrics"), "/metrics");
-  EXPECT_THAT(m1,
-              HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",rank=\"1\"} 200"));
+  EXPECT_THAT(m1, HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",model="
+                            "\"stories260K\",rank=\"1\"} 200"));
 }
 
 }  // namespace

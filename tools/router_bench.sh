@@ -36,7 +36,7 @@ wait_listening() {  # file name
 pids+=($!)
 worker=$(wait_listening "$LOGS/worker.out" worker)
 "$BUILD/router/ringlane-router" --workers="$worker" \
-  --tokenizer=deploy/models/stories260K/tok512.bin --listen=127.0.0.1:0 \
+  --tokenizer=deploy/models/stories260K/tok512.bin --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
 router=$(wait_listening "$LOGS/router.out" router)

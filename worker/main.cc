@@ -230,8 +230,10 @@ int main(int argc, char** argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
   // Metrics first, so that a port clash fails before the group forms.
+  const std::string model_id =
+      absl::GetFlag(FLAGS_model_id).empty() ? ModelId(model_path) : absl::GetFlag(FLAGS_model_id);
   auto registry = std::make_shared<prometheus::Registry>();
-  rw::WorkerMetrics metrics(*registry, group_name, rank);
+  rw::WorkerMetrics metrics(*registry, model_id, group_name, rank);
   metrics.kv_pool_blocks->Set(kv_blocks);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics_port >= 0) {
@@ -260,8 +262,7 @@ int main(int argc, char** argv) {
   rw::GroupMember group(shard, go);
 
   rw::WorkerIdentity id;
-  id.model_id =
-      absl::GetFlag(FLAGS_model_id).empty() ? ModelId(model_path) : absl::GetFlag(FLAGS_model_id);
+  id.model_id = model_id;
   id.model_revision = ModelRevision(model_path);
   id.backend = backend;
   id.group = group_name;

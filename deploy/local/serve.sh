@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The local cluster of `make serve`: two ringlane-worker ranks as one TP2
-# group and a ringlane-router in front of them, all on loopback; the gRPC
-# Generate API on $ROUTER_LISTEN (127.0.0.1:50051). With PROMPT it runs the
+# group and a ringlane-router in front of them, all on loopback: the
+# OpenAI-compatible API on http://$HTTP_LISTEN/v1 (127.0.0.1:8080, printed as
+# the base URL) and the gRPC Generate API on $ROUTER_LISTEN (127.0.0.1:50051).
+# With PROMPT it runs the
 # gRPC client once and stops everything (a smoke test); without, it runs the
 # client on stdin lines when stdin is a terminal, then keeps serving until
 # Ctrl-C, which stops every process it started.
 #
-#   deploy/local/serve.sh [PROMPT]   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN from the env)
+#   deploy/local/serve.sh [PROMPT]
+#   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, LOGS from the env)
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -14,8 +17,9 @@ MODEL=${MODEL:-deploy/models/stories260K/stories260K.bin}
 TOKENIZER=${TOKENIZER:-deploy/models/stories260K/tok512.bin}
 THREADS=${THREADS:-1}  # per rank
 ROUTER_LISTEN=${ROUTER_LISTEN:-127.0.0.1:50051}
+HTTP_LISTEN=${HTTP_LISTEN:-127.0.0.1:8080}
 PROMPT=${1:-}
-LOGS="$BUILD/serve"
+LOGS=${LOGS:-$BUILD/serve}
 WORKER="$BUILD/worker/ringlane-worker"
 ROUTER="$BUILD/router/ringlane-router"
 CLIENT="$BUILD/tools/ringlane-generate-client"
@@ -59,11 +63,18 @@ rank0=$(listening "$LOGS/rank0.out" "${pids[0]}" worker)
 pids+=($!)
 rank1=$(listening "$LOGS/rank1.out" "${pids[1]}" worker)
 "$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
+  --http_listen="$HTTP_LISTEN" \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
 router=$(listening "$LOGS/router.out" "${pids[2]}" router)
+http=$(listening "$LOGS/router.out" "${pids[2]}" http)
+model=stories260K
 echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1); logs in $LOGS/" >&2
-echo "serve: try  $CLIENT --router=$router --prompt='Once upon a time'" >&2
+echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
+echo "http://$http/v1"
+echo "serve: try  curl http://$http/v1/completions -H 'Content-Type: application/json' \\" >&2
+echo "              -d '{\"model\": \"$model\", \"prompt\": \"Once upon a time\", \"max_tokens\": 40}'" >&2
+echo "serve:  or  $CLIENT --router=$router --prompt='Once upon a time'" >&2
 
 if [ -n "$PROMPT" ]; then
   exec_rc=0

@@ -15,8 +15,9 @@ prometheus::Histogram::BucketBoundaries RoundBuckets() {
 
 }  // namespace
 
-WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& group, int rank) {
-  const prometheus::Labels l = {{"group", group}, {"rank", std::to_string(rank)}};
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
+                             const std::string& group, int rank) {
+  const prometheus::Labels l = {{"model", model}, {"group", group}, {"rank", std::to_string(rank)}};
   auto& rounds = prometheus::BuildCounter()
                      .Name("ringlane_worker_rounds_total")
                      .Help(

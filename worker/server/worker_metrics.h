@@ -15,7 +15,8 @@ namespace ringlane::worker {
 
 struct WorkerMetrics {
   // Registers the metrics in `registry` (which must outlive this).
-  WorkerMetrics(prometheus::Registry& registry, const std::string& group, int rank);
+  WorkerMetrics(prometheus::Registry& registry, const std::string& model, const std::string& group,
+                int rank);
 
   prometheus::Counter* rounds_ok;
   prometheus::Counter* rounds_rejected;

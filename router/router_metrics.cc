@@ -1,0 +1,112 @@
+#include "router/router_metrics.h"
+
+namespace ringlane::router {
+
+namespace {
+
+// Seconds from 1 ms to 2 min: a first token behind a long prefill takes
+// tens of seconds, a decode step of a small model a millisecond.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.15, 0.2,  0.3,
+          0.4,   0.5,    0.75,  1.0,  2.5,  5.0,  10.0, 20.0, 40.0, 80.0, 120.0};
+}
+
+prometheus::Histogram::BucketBoundaries RoundTokenBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+}
+
+template <typename B>
+auto& Reg(B builder, const char* name, const char* help, prometheus::Registry& r) {
+  return builder.Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::Registry& r = *registry_;
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  ttft_ = &Reg(BuildHistogram(), "ringlane_time_to_first_token_seconds",
+               "Request submitted to its first generated token", r);
+  itl_ = &Reg(BuildHistogram(), "ringlane_inter_token_latency_seconds",
+              "Gap between consecutive tokens of one choice", r);
+  tpot_ = &Reg(BuildHistogram(), "ringlane_time_per_output_token_seconds",
+               "Per choice: (last token - first token) / (tokens - 1)", r);
+  e2e_ = &Reg(BuildHistogram(), "ringlane_e2e_request_latency_seconds",
+              "Request submitted to its last choice finishing", r);
+  requests_ = &Reg(BuildCounter(), "ringlane_generate_requests_total",
+                   "Generation requests that ran on a worker group, by outcome", r);
+  prompt_tokens_ =
+      &Reg(BuildCounter(), "ringlane_prompt_tokens_total", "Prompt tokens of requests run", r);
+  cached_tokens_ = &Reg(BuildCounter(), "ringlane_cached_prompt_tokens_total",
+                        "Prompt tokens served from the KV cache instead of prefilled", r);
+  generation_tokens_ =
+      &Reg(BuildCounter(), "ringlane_generation_tokens_total", "Tokens generated (all choices)", r);
+  default_temperature_ = &Reg(BuildCounter(), "ringlane_requests_default_temperature_total",
+                              "Requests that gave no temperature and got the server default", r);
+  loops_detected_ = &Reg(BuildCounter(), "ringlane_loops_detected_total",
+                         "Choices the loop watchdog flagged as repeating a cycle", r);
+  loops_stopped_ = &Reg(BuildCounter(), "ringlane_loops_stopped_total",
+                        "Choices the loop watchdog stopped (finish reason loop)", r);
+  finished_choices_ = &Reg(BuildCounter(), "ringlane_finished_choices_total",
+                           "Choices that finished, by finish reason", r);
+  preemptions_ = &Reg(BuildCounter(), "ringlane_preemptions_total",
+                      "Lanes preempted to free KV blocks (their choice restarts later)", r);
+  rounds_ = &Reg(BuildCounter(), "ringlane_rounds_total", "Rounds run by the worker group", r);
+  round_duration_ = &Reg(BuildHistogram(), "ringlane_round_duration_seconds",
+                         "Round sent to its result received", r);
+  round_tokens_ = &Reg(BuildHistogram(), "ringlane_round_tokens",
+                       "Tokens fed per round (decode rows plus prefill chunks)", r);
+  lanes_running_ =
+      &Reg(BuildGauge(), "ringlane_lanes_running", "Lanes running on the worker group", r);
+  lanes_waiting_ = &Reg(BuildGauge(), "ringlane_lanes_waiting", "Choices waiting for a lane", r);
+  kv_used_ = &Reg(BuildGauge(), "ringlane_kv_blocks_used",
+                  "KV blocks held by running lanes (not free, not evictable)", r);
+  kv_total_ = &Reg(BuildGauge(), "ringlane_kv_blocks_capacity", "KV blocks of the group's pool", r);
+  hit_rate_ = &Reg(BuildGauge(), "ringlane_prefix_cache_hit_rate",
+                   "Cached prompt tokens / prompt tokens since start", r);
+  group_ready_ =
+      &Reg(BuildGauge(), "ringlane_group_ready", "1 while the worker group serves rounds", r);
+  group_epoch_ = &Reg(BuildGauge(), "ringlane_group_epoch", "The worker group's epoch", r);
+}
+
+GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group) {
+  const prometheus::Labels l = {{"model", model}, {"group", std::to_string(group)}};
+  auto with = [&l](const char* key, const char* value) {
+    prometheus::Labels x = l;
+    x[key] = value;
+    return x;
+  };
+  GroupMetrics m;
+  m.time_to_first_token_s = &ttft_->Add(l, LatencyBuckets());
+  m.inter_token_latency_s = &itl_->Add(l, LatencyBuckets());
+  m.time_per_output_token_s = &tpot_->Add(l, LatencyBuckets());
+  m.e2e_request_latency_s = &e2e_->Add(l, LatencyBuckets());
+  m.requests_finished = &requests_->Add(with("outcome", "finished"));
+  m.requests_failed = &requests_->Add(with("outcome", "failed"));
+  m.requests_cancelled = &requests_->Add(with("outcome", "cancelled"));
+  m.prompt_tokens = &prompt_tokens_->Add(l);
+  m.cached_prompt_tokens = &cached_tokens_->Add(l);
+  m.generation_tokens = &generation_tokens_->Add(l);
+  m.requests_default_temperature = &default_temperature_->Add(l);
+  m.loops_detected = &loops_detected_->Add(l);
+  m.loops_stopped = &loops_stopped_->Add(l);
+  m.finish_stop = &finished_choices_->Add(with("reason", "stop"));
+  m.finish_length = &finished_choices_->Add(with("reason", "length"));
+  m.finish_loop = &finished_choices_->Add(with("reason", "loop"));
+  m.preemptions = &preemptions_->Add(l);
+  m.rounds = &rounds_->Add(l);
+  m.round_duration_s = &round_duration_->Add(l, LatencyBuckets());
+  m.round_tokens = &round_tokens_->Add(l, RoundTokenBuckets());
+  m.lanes_running = &lanes_running_->Add(l);
+  m.lanes_waiting = &lanes_waiting_->Add(l);
+  m.kv_blocks_used = &kv_used_->Add(l);
+  m.kv_blocks_total = &kv_total_->Add(l);
+  m.prefix_cache_hit_rate = &hit_rate_->Add(l);
+  m.group_ready = &group_ready_->Add(l);
+  m.group_epoch = &group_epoch_->Add(l);
+  return m;
+}
+
+}  // namespace ringlane::router
