@@ -1,6 +1,7 @@
 // The OpenAI-compatible gateway end to end: real worker daemons, a real
 // ringlane-router, and HTTP from a real client (services/http_client.h) the
 // way curl or an OpenAI SDK would talk to it.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -537,6 +538,46 @@ TEST(GatewayReadinessTest, LiveButNotReadyWithoutWorkers) {
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_FALSE(r.headers["retry-after"].empty());
   EXPECT_EQ(Json(r)["error"]["type"], "service_unavailable_error");
+}
+
+TEST(GatewayDrainTest, SigtermStopsReadinessAndLetsRunningStreamsFinish) {
+  auto c = StartCluster(1);
+  ASSERT_NE(c, nullptr);
+  auto client = c->Client();
+  json body = {{"model", kModel},    {"prompt", "Once upon a time"}, {"max_tokens", 450}, {"n", 4},
+               {"ignore_eos", true}, {"loop_watchdog", false},       {"stream", true}};
+  HttpRequestSpec spec{.method = "POST", .target = "/v1/completions", .body = body.dump()};
+  std::string streamed;
+  bool signalled = false;
+  HttpResponse during_ready, during_generate;
+  auto other = c->Client();
+  auto r = client->Stream(
+      spec,
+      [&](std::string_view data) {
+        streamed += data;
+        if (!signalled) {
+          signalled = true;
+          c->router->Signal(SIGTERM);
+          // Give the signal a moment to reach the gateway.
+          for (int i = 0; i < 100 && Get(*other, "/ready").status == 200; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          }
+          during_ready = Get(*other, "/ready");
+          during_generate = Post(*other, "/v1/completions",
+                                 R"({"model":"stories260K","prompt":"x","max_tokens":2})");
+        }
+        return true;
+      },
+      absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(during_ready.status, 503);
+  EXPECT_THAT(during_ready.body, HasSubstr("draining"));
+  EXPECT_EQ(during_generate.status, 503) << during_generate.body;
+  // The stream that was running when the signal came ran to its end.
+  EXPECT_THAT(streamed, HasSubstr("data: [DONE]"));
+  std::optional<int> code = c->router->Wait(std::chrono::seconds(15));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 0) << c->router->Stderr();
 }
 
 TEST(GatewayFlagsTest, RefusesAnOpenNonLoopbackListenerWithoutKeys) {
