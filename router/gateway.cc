@@ -102,6 +102,12 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(Router* router, GatewayO
 
 Gateway::~Gateway() { Shutdown(absl::Now()); }
 
+void Gateway::Drain(absl::Time deadline) {
+  BeginDrain();
+  while (generating_.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  Shutdown(deadline);
+}
+
 void Gateway::Shutdown(absl::Time deadline) {
   draining_.store(true);
   if (server_) server_->Shutdown(deadline);
@@ -256,6 +262,11 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
   absl::StatusOr<openai::ParsedRequest> parsed =
       openai::ParseRequest(endpoint, req.body, req.Header("x-session-id"));
   if (!parsed.ok()) return SendError(out, openai::ErrorFromStatus(parsed.status()));
+  generating_.fetch_add(1);
+  struct Done {
+    std::atomic<int>* n;
+    ~Done() { n->fetch_sub(1); }
+  } done_guard{&generating_};
   KeySlot slot(&mu_, &running_per_key_, key);
   if (!slot.Acquire(options_.max_concurrent_per_key)) {
     return SendError(

@@ -58,7 +58,12 @@ class Gateway {
   // Readiness turns false and new generation requests get 503; running ones
   // go on.
   void BeginDrain() { draining_.store(true); }
-  // Waits for running exchanges until `deadline` (see HttpServer::Shutdown).
+  // BeginDrain, then keeps serving (readiness 503, new generations 503) until
+  // the running generations end or `deadline` passes, so that a load
+  // balancer sees the drain; then Shutdown(deadline).
+  void Drain(absl::Time deadline);
+  // Stops accepting and waits for running exchanges until `deadline` (see
+  // HttpServer::Shutdown).
   void Shutdown(absl::Time deadline);
 
  private:
@@ -81,6 +86,7 @@ class Gateway {
   const GatewayOptions options_;
   std::unique_ptr<HttpServer> server_;
   std::atomic<bool> draining_{false};
+  std::atomic<int> generating_{0};  // generation requests in progress
 
   absl::Mutex mu_;
   std::map<std::string, int> running_per_key_ ABSL_GUARDED_BY(mu_);

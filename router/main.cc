@@ -295,7 +295,7 @@ int main(int argc, char** argv) {
       absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   if (gateway) gateway->BeginDrain();
   (*server)->Shutdown(absl::ToChronoTime(deadline));
-  if (gateway) gateway->Shutdown(deadline);
+  if (gateway) gateway->Drain(deadline);
   gateway.reset();
   router->reset();
   server->reset();
