@@ -580,6 +580,47 @@ TEST(GatewayDrainTest, SigtermStopsReadinessAndLetsRunningStreamsFinish) {
   EXPECT_EQ(*code, 0) << c->router->Stderr();
 }
 
+TEST(GatewayQueueTest, AFullWaitingQueueAnswers429WithRetryAfter) {
+  auto c = StartCluster(1, {"--max_lanes=1", "--max_waiting=1", "--max_concurrent_per_key=0"});
+  ASSERT_NE(c, nullptr);
+  // A holds the only lane, B waits for it, C finds the queue full.
+  std::atomic<bool> release{false};
+  std::atomic<int> started{0};
+  auto long_stream = [&] {
+    auto client = c->Client();
+    json body = {{"model", kModel},    {"prompt", "Lily"},       {"max_tokens", 450},
+                 {"ignore_eos", true}, {"loop_watchdog", false}, {"stream", true}};
+    HttpRequestSpec spec{.method = "POST", .target = "/v1/completions", .body = body.dump()};
+    bool counted = false;
+    (void)client->Stream(
+        spec,
+        [&](std::string_view) {
+          if (!counted) {
+            counted = true;
+            ++started;
+          }
+          return !release.load();
+        },
+        absl::Seconds(60));
+  };
+  std::thread a(long_stream);
+  while (started.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::thread b(long_stream);
+  auto client = c->Client();
+  for (int i = 0; i < 200; ++i) {
+    if (Metric(Get(*client, "/metrics").body, "ringlane_lanes_waiting") >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  HttpResponse r =
+      Post(*client, "/v1/completions", R"({"model":"stories260K","prompt":"x","max_tokens":2})");
+  release = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(r.headers["retry-after"], "1");
+  EXPECT_THAT(r.body, HasSubstr("max_waiting"));
+}
+
 TEST(GatewayFlagsTest, RefusesAnOpenNonLoopbackListenerWithoutKeys) {
   testing::RunResult r =
       testing::RunToExit(RINGLANE_ROUTER_BIN, {"--workers=127.0.0.1:1", "--tokenizer=" + Tok(),
