@@ -12,9 +12,37 @@ namespace ringlane::router {
 namespace v1 = ringlane::v1;
 using services::ToGrpcStatus;
 
+GenerateServiceImpl::GenerateServiceImpl(Router* router)
+    : router_(router),
+      requests_(&prometheus::BuildCounter()
+                     .Name("ringlane_grpc_requests_total")
+                     .Help("gRPC Generate API calls answered, by method and status code")
+                     .Register(*router->metrics_registry())) {}
+
+grpc::Status GenerateServiceImpl::Counted(const char* method, grpc::Status status) {
+  requests_->Add({{"method", method}, {"code", std::to_string(status.error_code())}}).Increment();
+  return status;
+}
+
 grpc::Status GenerateServiceImpl::Generate(grpc::ServerContext* ctx,
                                            const v1::GenerateRequest* request,
                                            grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return Counted("Generate", RunGenerate(ctx, request, writer));
+}
+
+grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+                                           v1::TokenizeResponse* response) {
+  return Counted("Tokenize", RunTokenize(request, response));
+}
+
+grpc::Status GenerateServiceImpl::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,
+                                             v1::ListModelsResponse* response) {
+  return Counted("ListModels", RunListModels(ctx, response));
+}
+
+grpc::Status GenerateServiceImpl::RunGenerate(grpc::ServerContext* ctx,
+                                              const v1::GenerateRequest* request,
+                                              grpc::ServerWriter<v1::GenerateResponse>* writer) {
   absl::StatusOr<PreparedRequest> p = router_->Prepare(*request);
   if (!p.ok()) return ToGrpcStatus(p.status());
   const std::string id = p->request_id;
@@ -43,16 +71,16 @@ grpc::Status GenerateServiceImpl::Generate(grpc::ServerContext* ctx,
   }
 }
 
-grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
-                                           v1::TokenizeResponse* response) {
+grpc::Status GenerateServiceImpl::RunTokenize(const v1::TokenizeRequest* request,
+                                              v1::TokenizeResponse* response) {
   absl::StatusOr<v1::TokenizeResponse> r = router_->Tokenize(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = std::move(*r);
   return grpc::Status::OK;
 }
 
-grpc::Status GenerateServiceImpl::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,
-                                             v1::ListModelsResponse* response) {
+grpc::Status GenerateServiceImpl::RunListModels(grpc::ServerContext* ctx,
+                                                v1::ListModelsResponse* response) {
   std::vector<GroupState> groups = router_->groups();
   int ready = 0;
   int64_t lanes = 0, waiting = 0, available = 0, total = 0, prefilled = 0;

@@ -12,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "router/router.h"
 
@@ -29,7 +31,9 @@ namespace ringlane::router {
 // `ringlane-prefilled-tokens`, prompt tokens fed since start over all groups.
 class GenerateServiceImpl final : public ringlane::v1::Generate::Service {
  public:
-  explicit GenerateServiceImpl(Router* router) : router_(router) {}
+  // Registers ringlane_grpc_requests_total{method, code} in the router's
+  // registry, the gRPC twin of the gateway's per-endpoint counter.
+  explicit GenerateServiceImpl(Router* router);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const ringlane::v1::GenerateRequest* request,
                         grpc::ServerWriter<ringlane::v1::GenerateResponse>* writer) override;
@@ -39,7 +43,16 @@ class GenerateServiceImpl final : public ringlane::v1::Generate::Service {
                           ringlane::v1::ListModelsResponse* response) override;
 
  private:
+  grpc::Status RunGenerate(grpc::ServerContext* ctx, const ringlane::v1::GenerateRequest* request,
+                           grpc::ServerWriter<ringlane::v1::GenerateResponse>* writer);
+  grpc::Status RunTokenize(const ringlane::v1::TokenizeRequest* request,
+                           ringlane::v1::TokenizeResponse* response);
+  grpc::Status RunListModels(grpc::ServerContext* ctx, ringlane::v1::ListModelsResponse* response);
+  // Counts the call's outcome and returns it.
+  grpc::Status Counted(const char* method, grpc::Status status);
+
   Router* const router_;
+  prometheus::Family<prometheus::Counter>* requests_;
 };
 
 // The gRPC server with the Generate and health services.

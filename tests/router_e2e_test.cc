@@ -22,6 +22,8 @@
 #include "nlohmann/json.hpp"
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "router/tokenizer/tokenizer.h"
+#include "services/flags_util.h"
+#include "services/http_client.h"
 #include "tests/support/daemon.h"
 #include "tests/support/lane_runner.h"
 
@@ -523,6 +525,23 @@ TEST_F(RouterE2eTest, TokenizeAndListModels) {
   ASSERT_EQ(models.models_size(), 1);
   EXPECT_EQ(models.models(0).id(), "stories260K");
   EXPECT_EQ(models.models(0).num_groups(), 1);
+}
+
+TEST_F(RouterE2eTest, GrpcCallsAreCountedInTheRouterMetrics) {
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest req;
+  req.set_text(std::string("\xff"));
+  v1::TokenizeResponse resp;
+  EXPECT_EQ(stub().Tokenize(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Call(stub(), Ids(Goldens()[0].prompt, 3)).status.ok());
+  auto hp = services::ParseHostPort(cluster_->router->address("http"));
+  ASSERT_TRUE(hp.ok());
+  auto http = services::HttpClient::Connect(hp->first, hp->second, absl::Seconds(5));
+  ASSERT_TRUE(http.ok()) << http.status();
+  auto m = (*http)->Send({.target = "/metrics"}, absl::Seconds(10));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT(m->body, HasSubstr("ringlane_grpc_requests_total{code=\"3\",method=\"Tokenize\"}"));
+  EXPECT_THAT(m->body, HasSubstr("ringlane_grpc_requests_total{code=\"0\",method=\"Generate\"}"));
 }
 
 // A pool too small for three long lanes at once: the youngest is preempted
