@@ -644,9 +644,11 @@ void Router::Group::BuildPlan(InFlightRound* round) {
         kv_->Allocate(lane->id, lane->seq, static_cast<int64_t>(lane->seq.size()));
     if (!cached.ok()) {
       if (live() > 0) break;  // wait for running lanes to give blocks back
-      w.req->Fail(absl::ResourceExhaustedError(
-          absl::StrCat("a prompt of ", lane->seq.size(), " tokens needs more KV blocks than the ",
-                       kv_->num_blocks(), " of worker group ", index_)));
+      // No amount of waiting helps: the client's request is too large for
+      // this deployment, which is a 400, not a 429 to retry.
+      w.req->Fail(absl::InvalidArgumentError(absl::StrCat(
+          "prompt: ", lane->seq.size(), " tokens need more KV blocks than the ", kv_->num_blocks(),
+          " of worker group ", index_, " (", block_size_, " tokens each)")));
       waiting_.pop_front();
       continue;
     }

@@ -54,13 +54,15 @@ struct Cluster {
 // One worker group of `world` ranks (none when world is 0: the router then
 // points at a port nobody serves) and a router with its gateway.
 std::unique_ptr<Cluster> StartCluster(int world, std::vector<std::string> router_extra = {},
-                                      bool wait_ready = true) {
+                                      bool wait_ready = true,
+                                      std::vector<std::string> worker_extra = {}) {
   auto c = std::make_unique<Cluster>();
   std::string addrs;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> a = {"--model=" + Model(), "--threads=1", absl::StrCat("--rank=", r),
                                   absl::StrCat("--world_size=", world), "--listen=127.0.0.1:0"};
     if (r > 0) a.push_back("--rendezvous=" + c->workers[0]->address());
+    a.insert(a.end(), worker_extra.begin(), worker_extra.end());
     auto d = Daemon::Start(RINGLANE_WORKER_BIN, a);
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return nullptr;
@@ -619,6 +621,23 @@ TEST(GatewayQueueTest, AFullWaitingQueueAnswers429WithRetryAfter) {
   EXPECT_EQ(r.status, 429) << r.body;
   EXPECT_EQ(r.headers["retry-after"], "1");
   EXPECT_THAT(r.body, HasSubstr("max_waiting"));
+}
+
+TEST(GatewayKvTest, APromptLargerThanTheKvPoolIsA400NotA429) {
+  // 4 blocks of 16 tokens: a 100-token prompt fits the context (512) but
+  // never the pool, so retrying cannot help.
+  auto c = StartCluster(1, {}, true, {"--kv_blocks=4", "--block_size=16"});
+  ASSERT_NE(c, nullptr);
+  auto client = c->Client();
+  std::vector<int> ids(100, 300);
+  ids[0] = 1;
+  HttpResponse r = Post(*client, "/v1/completions",
+                        json{{"model", kModel}, {"prompt", ids}, {"max_tokens", 4}}.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("KV blocks"));
+  HttpResponse ok =
+      Post(*client, "/v1/completions", R"({"model":"stories260K","prompt":"Lily","max_tokens":3})");
+  EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
 TEST(GatewayFlagsTest, RefusesAnOpenNonLoopbackListenerWithoutKeys) {
