@@ -392,30 +392,34 @@ TEST_F(GatewayTest, DisconnectMidStreamFreesTheLaneWithinASecond) {
   EXPECT_GE(Metric(text, "ringlane_generate_requests_total", "outcome=\"cancelled\""), 1);
 }
 
+// A long stream on its own connection that counts itself in `started` at
+// its first chunk and hangs up once `release` is set: it holds a lane (or a
+// place in the queue, or a per-key slot) for as long as a test needs.
+void HoldStream(const Cluster& c, std::atomic<int>* started, const std::atomic<bool>* release) {
+  auto client = c.Client();
+  json body = {{"model", kModel},    {"prompt", "Lily"},       {"max_tokens", 450},
+               {"ignore_eos", true}, {"loop_watchdog", false}, {"stream", true}};
+  HttpRequestSpec spec{.method = "POST", .target = "/v1/completions", .body = body.dump()};
+  bool counted = false;
+  (void)client->Stream(
+      spec,
+      [&](std::string_view) {
+        if (!counted) {
+          counted = true;
+          ++*started;
+        }
+        return !release->load();
+      },
+      absl::Seconds(60));
+}
+
 TEST_F(GatewayTest, PerKeyConcurrencyLimitAnswers429WithRetryAfter) {
   // Two long streams hold both slots of the (anonymous) key.
   std::vector<std::thread> holders;
   std::atomic<int> started{0};
   std::atomic<bool> release{false};
-  for (int i = 0; i < 2; ++i) {
-    holders.emplace_back([&] {
-      auto c = cluster_->Client();
-      json body = {{"model", kModel},    {"prompt", "Lily"},       {"max_tokens", 300},
-                   {"ignore_eos", true}, {"loop_watchdog", false}, {"stream", true}};
-      HttpRequestSpec spec{.method = "POST", .target = "/v1/completions", .body = body.dump()};
-      bool counted = false;
-      (void)c->Stream(
-          spec,
-          [&](std::string_view) {
-            if (!counted) {
-              counted = true;
-              ++started;
-            }
-            return !release.load();
-          },
-          absl::Seconds(60));
-    });
-  }
+  for (int i = 0; i < 2; ++i)
+    holders.emplace_back(HoldStream, std::cref(*cluster_), &started, &release);
   while (started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   HttpResponse r =
       Post(*client_, "/v1/completions", R"({"model":"stories260K","prompt":"x","max_tokens":2})");
@@ -588,26 +592,9 @@ TEST(GatewayQueueTest, AFullWaitingQueueAnswers429WithRetryAfter) {
   // A holds the only lane, B waits for it, C finds the queue full.
   std::atomic<bool> release{false};
   std::atomic<int> started{0};
-  auto long_stream = [&] {
-    auto client = c->Client();
-    json body = {{"model", kModel},    {"prompt", "Lily"},       {"max_tokens", 450},
-                 {"ignore_eos", true}, {"loop_watchdog", false}, {"stream", true}};
-    HttpRequestSpec spec{.method = "POST", .target = "/v1/completions", .body = body.dump()};
-    bool counted = false;
-    (void)client->Stream(
-        spec,
-        [&](std::string_view) {
-          if (!counted) {
-            counted = true;
-            ++started;
-          }
-          return !release.load();
-        },
-        absl::Seconds(60));
-  };
-  std::thread a(long_stream);
+  std::thread a(HoldStream, std::cref(*c), &started, &release);
   while (started.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::thread b(long_stream);
+  std::thread b(HoldStream, std::cref(*c), &started, &release);
   auto client = c->Client();
   for (int i = 0; i < 200; ++i) {
     if (Metric(Get(*client, "/metrics").body, "ringlane_lanes_waiting") >= 1) break;
