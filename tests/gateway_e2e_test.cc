@@ -547,7 +547,9 @@ TEST(GatewayReadinessTest, LiveButNotReadyWithoutWorkers) {
 }
 
 TEST(GatewayDrainTest, SigtermStopsReadinessAndLetsRunningStreamsFinish) {
-  auto c = StartCluster(1);
+  // A drain long enough for the stream below on a slow (sanitized) build; the
+  // default 5 s cuts it there, as it should.
+  auto c = StartCluster(1, {"--drain_timeout_ms=60000"});
   ASSERT_NE(c, nullptr);
   auto client = c->Client();
   json body = {{"model", kModel},    {"prompt", "Once upon a time"}, {"max_tokens", 450}, {"n", 4},
