@@ -123,23 +123,31 @@ test('models.list() serves stories260K', async () => {
   assert.ok(ids.includes(MODEL), `models: ${ids}`);
 });
 
-test('completions: streamed == not streamed (seed, stop, logprobs, n=2)', async () => {
-  const full = await client.completions.create(COMPLETION);
-  assert.equal(full.object, 'text_completion');
+// The same request whole and streamed (with the usage chunk): both with two
+// choices and right usage, the same counts in each.
+async function wholeAndStreamed(api, params, object, chat) {
+  const full = await api.create(params);
+  assert.equal(full.object, object);
   assert.equal(full.model, MODEL);
   assert.equal(full.choices.length, 2);
   checkUsage(full.usage, 'non-streamed');
 
-  const stream = await client.completions.create({
-    ...COMPLETION,
+  const stream = await api.create({
+    ...params,
     stream: true,
     stream_options: { include_usage: true },
   });
-  const got = await collect(stream, false);
+  const got = await collect(stream, chat);
   assert.equal(got.choices.length, 2);
   assert.ok(got.chunks > 2 * 3, `streamed in ${got.chunks} chunks`);
   checkUsage(got.usage, 'streamed');
   sameUsage(got.usage, full.usage);
+  return { full, got };
+}
+
+test('completions: streamed == not streamed (seed, stop, logprobs, n=2)', async () => {
+  const { full, got } =
+    await wholeAndStreamed(client.completions, COMPLETION, 'text_completion', false);
 
   let entries = 0;
   for (const c of full.choices) {
@@ -176,22 +184,8 @@ test('completions: streamed == not streamed (seed, stop, logprobs, n=2)', async 
 });
 
 test('chat: streamed == not streamed (seed, stop, logprobs, n=2)', async () => {
-  const full = await client.chat.completions.create(CHAT);
-  assert.equal(full.object, 'chat.completion');
-  assert.equal(full.model, MODEL);
-  assert.equal(full.choices.length, 2);
-  checkUsage(full.usage, 'non-streamed');
-
-  const stream = await client.chat.completions.create({
-    ...CHAT,
-    stream: true,
-    stream_options: { include_usage: true },
-  });
-  const got = await collect(stream, true);
-  assert.equal(got.choices.length, 2);
-  assert.ok(got.chunks > 2 * 3, `streamed in ${got.chunks} chunks`);
-  checkUsage(got.usage, 'streamed');
-  sameUsage(got.usage, full.usage);
+  const { full, got } =
+    await wholeAndStreamed(client.chat.completions, CHAT, 'chat.completion', true);
 
   let entries = 0;
   for (const c of full.choices) {
