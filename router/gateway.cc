@@ -76,6 +76,27 @@ Gateway::Gateway(Router* router, GatewayOptions options)
                              .Help("Generation requests whose client went away before the end")
                              .Register(r)
                              .Add({});
+  auto generate = [this](openai::Endpoint e) -> Handler {
+    return [this, e](const HttpRequest& r, HttpResponder& o, const std::string& key) {
+      return Generate(e, r, o, key);
+    };
+  };
+  const Handler tokenize = [this](const HttpRequest& r, HttpResponder& o, const std::string&) {
+    return Tokenize(r, o);
+  };
+  const Handler detokenize = [this](const HttpRequest& r, HttpResponder& o, const std::string&) {
+    return Detokenize(r, o);
+  };
+  routes_ = {
+      {"/metrics", {"GET", [this](auto&, HttpResponder& o, auto&) { return Metrics(o); }}},
+      {"/v1/models", {"GET", [this](auto&, HttpResponder& o, auto&) { return Models(o); }}},
+      {"/v1/completions", {"POST", generate(openai::Endpoint::kCompletions)}},
+      {"/v1/chat/completions", {"POST", generate(openai::Endpoint::kChatCompletions)}},
+      {"/tokenize", {"POST", tokenize}},
+      {"/v1/tokenize", {"POST", tokenize}},
+      {"/detokenize", {"POST", detokenize}},
+      {"/v1/detokenize", {"POST", detokenize}},
+  };
 }
 
 absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(Router* router, GatewayOptions options) {
@@ -148,12 +169,6 @@ absl::StatusOr<std::string> Gateway::Authenticate(const HttpRequest& req) const 
 void Gateway::Route(const HttpRequest& req, HttpResponder& out, std::string* endpoint,
                     int* status) {
   const std::string& path = req.path;
-  auto method_is = [&](std::string_view m) {
-    if (req.method == m) return true;
-    *status = SendError(out, Error(405, "invalid_request_error",
-                                   absl::StrCat("use ", std::string(m), " for ", path)));
-    return false;
-  };
   if (path == "/health") {
     *endpoint = path;
     // Liveness: answered by the HTTP thread, whatever the engine is doing.
@@ -172,33 +187,25 @@ void Gateway::Route(const HttpRequest& req, HttpResponder& out, std::string* end
     out.Send(*status, kJson, Dump(j));
     return;
   }
-  const bool known = path == "/metrics" || path == "/v1/models" || path == "/v1/completions" ||
-                     path == "/v1/chat/completions" || path == "/tokenize" ||
-                     path == "/v1/tokenize" || path == "/detokenize" || path == "/v1/detokenize";
-  if (known) *endpoint = path;
+  auto route = routes_.find(path);
+  if (route != routes_.end()) *endpoint = path;
+  std::string key;
   if (path != "/metrics" || options_.metrics_require_key) {
-    absl::StatusOr<std::string> key = Authenticate(req);
-    if (!key.ok()) {
-      *status = SendError(out, openai::ErrorFromStatus(key.status()));
+    absl::StatusOr<std::string> k = Authenticate(req);
+    if (!k.ok()) {
+      *status = SendError(out, openai::ErrorFromStatus(k.status()));
       return;
     }
+    key = std::move(*k);
   }
-  if (path == "/metrics") {
-    if (method_is("GET")) *status = Metrics(out);
-  } else if (path == "/v1/models") {
-    if (method_is("GET")) *status = Models(out);
-  } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
-    if (!method_is("POST")) return;
-    const std::string key = Authenticate(req).value_or("");
-    *status = Generate(path == "/v1/completions" ? openai::Endpoint::kCompletions
-                                                 : openai::Endpoint::kChatCompletions,
-                       req, out, key);
-  } else if (path == "/tokenize" || path == "/v1/tokenize") {
-    if (method_is("POST")) *status = Tokenize(req, out);
-  } else if (path == "/detokenize" || path == "/v1/detokenize") {
-    if (method_is("POST")) *status = Detokenize(req, out);
-  } else {
+  if (route == routes_.end()) {
     *status = SendError(out, Error(404, "not_found_error", absl::StrCat("no route ", path)));
+  } else if (req.method != route->second.method) {
+    *status = SendError(
+        out, Error(405, "invalid_request_error",
+                   absl::StrCat("use ", std::string(route->second.method), " for ", path)));
+  } else {
+    *status = route->second.handle(req, out, key);
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -69,7 +70,8 @@ class Gateway {
  private:
   Gateway(Router* router, GatewayOptions options);
   void Handle(const HttpRequest& req, HttpResponder& out);
-  // Routes to the handler; returns the endpoint label for metrics.
+  // Answers /health and /ready, then authenticates and dispatches through
+  // routes_; sets the endpoint label and status for metrics.
   void Route(const HttpRequest& req, HttpResponder& out, std::string* endpoint, int* status);
   int Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpResponder& out,
                const std::string& key);
@@ -81,6 +83,15 @@ class Gateway {
   // The API key of the request, or an error when keys are on and it has
   // none or a wrong one.
   absl::StatusOr<std::string> Authenticate(const HttpRequest& req) const;
+
+  // Every route but /health and /ready (answered before authentication):
+  // the method it takes and its handler, given the request's API key.
+  using Handler = std::function<int(const HttpRequest&, HttpResponder&, const std::string& key)>;
+  struct RouteEntry {
+    std::string_view method;
+    Handler handle;
+  };
+  std::map<std::string, RouteEntry, std::less<>> routes_;
 
   Router* const router_;
   const GatewayOptions options_;
