@@ -273,8 +273,6 @@ class Router::Group {
   // Series of this group; set at the first connection (the model id comes
   // from the workers), before any request can be queued here.
   GroupMetrics metrics_ ABSL_GUARDED_BY(mu_);
-  int64_t prompt_tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t cached_tokens_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 namespace {
@@ -655,12 +653,10 @@ void Router::Group::BuildPlan(InFlightRound* round) {
     waiting_.pop_front();
     if (w.choice == 0 && w.req->cached_tokens < 0) {
       w.req->cached_tokens = *cached;
-      prompt_tokens_total_ += static_cast<int64_t>(w.req->p.prompt.size());
-      cached_tokens_total_ += *cached;
       metrics_.prompt_tokens->Increment(static_cast<double>(w.req->p.prompt.size()));
       metrics_.cached_prompt_tokens->Increment(static_cast<double>(*cached));
-      metrics_.prefix_cache_hit_rate->Set(static_cast<double>(cached_tokens_total_) /
-                                          static_cast<double>(prompt_tokens_total_));
+      metrics_.prefix_cache_hit_rate->Set(metrics_.cached_prompt_tokens->Value() /
+                                          metrics_.prompt_tokens->Value());
     }
     lane->fed = *cached;
     lane->committed_blocks = *cached / block_size_;
