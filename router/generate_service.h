@@ -25,7 +25,8 @@ namespace ringlane::router {
 // client that goes away frees its lanes by the next round.
 //
 // ListModels also returns, in trailing metadata, the router's live state for
-// operators and tests until the metrics exist: `ringlane-active-lanes`,
+// gRPC-only clients and tests (operators read the same from /metrics):
+// `ringlane-active-lanes`,
 // `ringlane-waiting`, `ringlane-kv-available-blocks` and
 // `ringlane-kv-total-blocks`, each summed over ready groups, and
 // `ringlane-prefilled-tokens`, prompt tokens fed since start over all groups.
