@@ -66,13 +66,13 @@ TEST(HfLayout, ConvertedStoriesReproducesGolden) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", L.attn_norm, {c.hidden});
     add(p + "post_attention_layernorm.weight", L.ffn_norm, {c.hidden});
-    mat(p + "self_attn.q_proj.weight", L.wq, PermuteForRotateHalf(L.wq, c.heads));
-    mat(p + "self_attn.k_proj.weight", L.wk, PermuteForRotateHalf(L.wk, c.kv_heads));
-    mat(p + "self_attn.v_proj.weight", L.wv, Rows(L.wv));
-    mat(p + "self_attn.o_proj.weight", L.wo, Rows(L.wo));
-    mat(p + "mlp.gate_proj.weight", L.w_gate, Rows(L.w_gate));
-    mat(p + "mlp.up_proj.weight", L.w_up, Rows(L.w_up));
-    mat(p + "mlp.down_proj.weight", L.w_down, Rows(L.w_down));
+    mat(p + "self_attn.q_proj.weight", L.attn.wq, PermuteForRotateHalf(L.attn.wq, c.heads));
+    mat(p + "self_attn.k_proj.weight", L.attn.wk, PermuteForRotateHalf(L.attn.wk, c.kv_heads));
+    mat(p + "self_attn.v_proj.weight", L.attn.wv, Rows(L.attn.wv));
+    mat(p + "self_attn.o_proj.weight", L.attn.wo, Rows(L.attn.wo));
+    mat(p + "mlp.gate_proj.weight", L.mlp.w_gate, Rows(L.mlp.w_gate));
+    mat(p + "mlp.up_proj.weight", L.mlp.w_up, Rows(L.mlp.w_up));
+    mat(p + "mlp.down_proj.weight", L.mlp.w_down, Rows(L.mlp.w_down));
   }
   add("model.norm.weight", w.final_norm, {c.hidden});
 

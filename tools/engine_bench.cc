@@ -180,7 +180,8 @@ int64_t MatrixBytes(const rw::Matrix& m) {
 int64_t DecodeBytesPerToken(const rw::ModelWeights& w) {
   int64_t b = MatrixBytes(w.lm_head);
   for (const auto& l : w.layers) {
-    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const rw::Matrix* m : {&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.mlp.w_gate,
+                                &l.mlp.w_up, &l.mlp.w_down})
       b += MatrixBytes(*m);
   }
   return b;
@@ -189,7 +190,8 @@ int64_t DecodeBytesPerToken(const rw::ModelWeights& w) {
 int64_t LinearParams(const rw::ModelWeights& w) {
   int64_t p = 0;
   for (const auto& l : w.layers) {
-    for (const rw::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const rw::Matrix* m : {&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.mlp.w_gate,
+                                &l.mlp.w_up, &l.mlp.w_down})
       p += m->rows * m->cols;
   }
   return p;

@@ -403,13 +403,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
       int64_t rows, cols;
       Matrix* m;
     };
-    for (const M& m : {M{"self_attn.q_proj.weight", q_dim, c.hidden, &L.wq},
-                       M{"self_attn.k_proj.weight", kv_dim, c.hidden, &L.wk},
-                       M{"self_attn.v_proj.weight", kv_dim, c.hidden, &L.wv},
-                       M{"self_attn.o_proj.weight", c.hidden, q_dim, &L.wo},
-                       M{"mlp.gate_proj.weight", c.intermediate, c.hidden, &L.w_gate},
-                       M{"mlp.up_proj.weight", c.intermediate, c.hidden, &L.w_up},
-                       M{"mlp.down_proj.weight", c.hidden, c.intermediate, &L.w_down}}) {
+    for (const M& m : {M{"self_attn.q_proj.weight", q_dim, c.hidden, &L.attn.wq},
+                       M{"self_attn.k_proj.weight", kv_dim, c.hidden, &L.attn.wk},
+                       M{"self_attn.v_proj.weight", kv_dim, c.hidden, &L.attn.wv},
+                       M{"self_attn.o_proj.weight", c.hidden, q_dim, &L.attn.wo},
+                       M{"mlp.gate_proj.weight", c.intermediate, c.hidden, &L.mlp.w_gate},
+                       M{"mlp.up_proj.weight", c.intermediate, c.hidden, &L.mlp.w_up},
+                       M{"mlp.down_proj.weight", c.hidden, c.intermediate, &L.mlp.w_down}}) {
       if (absl::Status s = l.GetMatrix(p + m.name, m.rows, m.cols, m.m); !s.ok()) return s;
     }
     if (absl::Status s = l.GetVector(p + "input_layernorm.weight", c.hidden, &L.attn_norm);
@@ -430,7 +430,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
              !s.ok()) {
     return s;
   }
-  w->config.weight_dtype = w->layers[0].wq.dtype;
+  w->config.weight_dtype = w->layers[0].attn.wq.dtype;
   if (hf->fp8_block_scaled && w->config.weight_dtype != DType::kFP8E4M3) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json declares FP8 quantization_config but model.layers.0.self_attn.q_proj",
@@ -562,14 +562,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadLlama2c(const std::string& pat
   for (int64_t l = 0; l < L; ++l) {
     LayerWeights& lw = w->layers[l];
     lw.attn_norm = vec(base[1] + l * D, D);
-    lw.wq = matrix(base[2] + l * D * D, D, D);
-    lw.wk = matrix(base[3] + l * kv_dim * D, kv_dim, D);
-    lw.wv = matrix(base[4] + l * kv_dim * D, kv_dim, D);
-    lw.wo = matrix(base[5] + l * D * D, D, D);
+    lw.attn.wq = matrix(base[2] + l * D * D, D, D);
+    lw.attn.wk = matrix(base[3] + l * kv_dim * D, kv_dim, D);
+    lw.attn.wv = matrix(base[4] + l * kv_dim * D, kv_dim, D);
+    lw.attn.wo = matrix(base[5] + l * D * D, D, D);
     lw.ffn_norm = vec(base[6] + l * D, D);
-    lw.w_gate = matrix(base[7] + l * H * D, H, D);
-    lw.w_down = matrix(base[8] + l * D * H, D, H);
-    lw.w_up = matrix(base[9] + l * H * D, H, D);
+    lw.mlp.w_gate = matrix(base[7] + l * H * D, H, D);
+    lw.mlp.w_down = matrix(base[8] + l * D * H, D, H);
+    lw.mlp.w_up = matrix(base[9] + l * H * D, H, D);
   }
   w->final_norm = vec(base[10], D);
   w->lm_head = tied ? w->embed : matrix(base[13], vocab, D);

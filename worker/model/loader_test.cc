@@ -75,11 +75,11 @@ TEST(LoaderTest, LoadsStories260K) {
   EXPECT_EQ(m.embed.rows, 512);
   EXPECT_EQ(m.embed.cols, 64);
   EXPECT_EQ(m.lm_head.data, m.embed.data);  // tied
-  EXPECT_EQ(m.layers[0].wk.rows, 32);
-  EXPECT_EQ(m.layers[0].wk.cols, 64);
-  EXPECT_EQ(m.layers[4].w_down.rows, 64);
-  EXPECT_EQ(m.layers[4].w_down.cols, 172);
-  EXPECT_EQ(m.layers[4].w_up.row_stride_bytes, 64 * 4);
+  EXPECT_EQ(m.layers[0].attn.wk.rows, 32);
+  EXPECT_EQ(m.layers[0].attn.wk.cols, 64);
+  EXPECT_EQ(m.layers[4].mlp.w_down.rows, 64);
+  EXPECT_EQ(m.layers[4].mlp.w_down.cols, 172);
+  EXPECT_EQ(m.layers[4].mlp.w_up.row_stride_bytes, 64 * 4);
   EXPECT_EQ(m.final_norm.size(), 64u);
 
   // The embedding starts right after the 28-byte header; the final norm sits
@@ -91,11 +91,12 @@ TEST(LoaderTest, LoadsStories260K) {
   std::memcpy(&first_wq_l1, raw.data() + 28 + 4 * (512 * 64 + 5 * 64 + 64 * 64), 4);
   EXPECT_EQ(At(m.embed, 0, 0), first_embed);
   EXPECT_EQ(m.final_norm.back(), last_final_norm);
-  EXPECT_EQ(At(m.layers[1].wq, 0, 0), first_wq_l1);
+  EXPECT_EQ(At(m.layers[1].attn.wq, 0, 0), first_wq_l1);
 
   // Trained weights: finite, not all zero, norms of plausible size.
   for (const LayerWeights& l : m.layers) {
-    for (const Matrix* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const Matrix* mat : {&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.mlp.w_gate,
+                              &l.mlp.w_up, &l.mlp.w_down}) {
       double sum_sq = 0;
       for (int64_t r = 0; r < mat->rows; ++r) {
         for (int64_t col = 0; col < mat->cols; ++col) {
@@ -197,13 +198,13 @@ std::vector<std::pair<std::string, const Matrix*>> Matrices(const ModelWeights& 
   for (size_t i = 0; i < m.layers.size(); ++i) {
     const LayerWeights& l = m.layers[i];
     std::string p = "layer" + std::to_string(i) + ".";
-    out.insert(out.end(), {{p + "wq", &l.wq},
-                           {p + "wk", &l.wk},
-                           {p + "wv", &l.wv},
-                           {p + "wo", &l.wo},
-                           {p + "gate", &l.w_gate},
-                           {p + "up", &l.w_up},
-                           {p + "down", &l.w_down}});
+    out.insert(out.end(), {{p + "wq", &l.attn.wq},
+                           {p + "wk", &l.attn.wk},
+                           {p + "wv", &l.attn.wv},
+                           {p + "wo", &l.attn.wo},
+                           {p + "gate", &l.mlp.w_gate},
+                           {p + "up", &l.mlp.w_up},
+                           {p + "down", &l.mlp.w_down}});
   }
   return out;
 }
@@ -236,13 +237,13 @@ TEST(LoaderTest, SyntheticRoundTripsForEachDtype) {
   EXPECT_EQ(rc.rope_layout, RopeLayout::kHalf);
   EXPECT_EQ(rc.weight_dtype, DType::kF32);
   EXPECT_FALSE(rc.tie_embeddings);
-  EXPECT_EQ((*ref)->layers[1].wk.rows, 32);
-  EXPECT_EQ((*ref)->layers[1].w_down.cols, 300);
+  EXPECT_EQ((*ref)->layers[1].attn.wk.rows, 32);
+  EXPECT_EQ((*ref)->layers[1].mlp.w_down.cols, 300);
 
   // Weights look like what a forward pass expects: unit-ish embedding, linear
   // layers scaled by 1/sqrt(fan_in), norms near 1.
   double sum_sq = 0;
-  const Matrix& down = (*ref)->layers[0].w_down;
+  const Matrix& down = (*ref)->layers[0].mlp.w_down;
   for (int64_t r = 0; r < down.rows; ++r) {
     for (int64_t c = 0; c < down.cols; ++c) sum_sq += std::pow(At(down, r, c), 2);
   }

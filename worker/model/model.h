@@ -84,16 +84,50 @@ struct Matrix {
   }
 };
 
+// Grouped-query attention with separate Q, K and V projections (Llama,
+// Mistral). A TP shard holds its query heads' rows of wq and columns of wo.
+struct DenseAttentionWeights {
+  Matrix wq;  // [heads * head_dim, hidden]
+  Matrix wk;  // [kv_heads * head_dim, hidden]
+  Matrix wv;  // [kv_heads * head_dim, hidden]
+  Matrix wo;  // [hidden, heads * head_dim]
+};
+
+// The gated MLP: w_down(silu(w_gate x) * w_up x).
+struct GatedMlpWeights {
+  Matrix w_gate;  // [intermediate, hidden]
+  Matrix w_up;    // [intermediate, hidden]
+  Matrix w_down;  // [hidden, intermediate]
+};
+
+// One decoder layer: a pre-norm before its token mixer and one before its
+// feed-forward part, every family has those. The parts themselves are
+// sub-structs named for their kind, so a family with other kinds (experts,
+// latent attention, a recurrent mixer) adds its own beside these and its graph
+// reads only the parts its layers have; the Llama graph reads `attn` and `mlp`.
 struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   std::vector<float> ffn_norm;   // [hidden]
-  Matrix wq;                     // [heads * head_dim, hidden]
-  Matrix wk;                     // [kv_heads * head_dim, hidden]
-  Matrix wv;                     // [kv_heads * head_dim, hidden]
-  Matrix wo;                     // [hidden, heads * head_dim]
-  Matrix w_gate;                 // [intermediate, hidden]
-  Matrix w_up;                   // [intermediate, hidden]
-  Matrix w_down;                 // [hidden, intermediate]
+  DenseAttentionWeights attn;
+  GatedMlpWeights mlp;
+};
+
+// What a layer keeps for each sequence between rounds. The values are those of
+// v1::CacheKind (proto/ringlane/v1/common.proto), which a worker advertises
+// per layer; only kPagedKv is implemented, the others name the cache of the
+// families to come (MLA's compressed latent, a linear-attention layer's state).
+enum class CacheKind {
+  kPagedKv = 1,         // K and V of every token, in the paged blocks
+  kLatentKv = 2,        // one latent vector per token, in the paged blocks
+  kRecurrentState = 3,  // a fixed-size state per sequence
+};
+
+// The cache one layer of this rank keeps.
+struct LayerCacheSpec {
+  CacheKind kind = CacheKind::kPagedKv;
+  // kPagedKv: this rank's KV heads and their size, per token.
+  int kv_heads = 0;
+  int head_dim = 0;
 };
 
 // Keeps a file mapped for as long as any ModelWeights points into it.
@@ -133,7 +167,7 @@ struct TpShard {
 struct ModelWeights {
   ModelConfig config;  // the whole model's shape, also in a shard
   TpShard shard;       // what the matrices below hold
-  Matrix embed;  // [vocab, hidden]
+  Matrix embed;        // [vocab, hidden]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   Matrix lm_head;                 // [vocab, hidden]; the embedding when tied

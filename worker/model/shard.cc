@@ -79,13 +79,13 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     LayerWeights o;
     o.attn_norm = l.attn_norm;
     o.ffn_norm = l.ffn_norm;
-    o.wq = RowSlice(l.wq, t.head0 * hd, t.heads * hd);
-    o.wk = RowSlice(l.wk, t.kv_head0 * hd, t.kv_heads * hd);
-    o.wv = RowSlice(l.wv, t.kv_head0 * hd, t.kv_heads * hd);
-    o.wo = ColSlice(l.wo, t.head0 * hd, t.heads * hd);
-    o.w_gate = RowSlice(l.w_gate, t.inter0, t.intermediate);
-    o.w_up = RowSlice(l.w_up, t.inter0, t.intermediate);
-    o.w_down = ColSlice(l.w_down, t.inter0, t.intermediate);
+    o.attn.wq = RowSlice(l.attn.wq, t.head0 * hd, t.heads * hd);
+    o.attn.wk = RowSlice(l.attn.wk, t.kv_head0 * hd, t.kv_heads * hd);
+    o.attn.wv = RowSlice(l.attn.wv, t.kv_head0 * hd, t.kv_heads * hd);
+    o.attn.wo = ColSlice(l.attn.wo, t.head0 * hd, t.heads * hd);
+    o.mlp.w_gate = RowSlice(l.mlp.w_gate, t.inter0, t.intermediate);
+    o.mlp.w_up = RowSlice(l.mlp.w_up, t.inter0, t.intermediate);
+    o.mlp.w_down = ColSlice(l.mlp.w_down, t.inter0, t.intermediate);
     s->layers.push_back(std::move(o));
   }
   // The views point into memory `full` owns (mappings, converted buffers).

@@ -29,11 +29,11 @@ TEST(Shard, SplitsHeadsMlpAndVocabulary) {
   EXPECT_EQ(t.vocab, 256);
   EXPECT_EQ(t.vocab0, 256);
   const LayerWeights& l = (*s)->layers[0];
-  EXPECT_EQ(l.wq.rows, 32);
-  EXPECT_EQ(l.wq.Row(0), full->layers[0].wq.Row(32));  // a view, not a copy
-  EXPECT_EQ(l.wo.cols, 32);
-  EXPECT_EQ(l.wo.col_offset, 32);
-  EXPECT_EQ(l.w_down.cols, 86);
+  EXPECT_EQ(l.attn.wq.rows, 32);
+  EXPECT_EQ(l.attn.wq.Row(0), full->layers[0].attn.wq.Row(32));  // a view, not a copy
+  EXPECT_EQ(l.attn.wo.cols, 32);
+  EXPECT_EQ(l.attn.wo.col_offset, 32);
+  EXPECT_EQ(l.mlp.w_down.cols, 86);
   EXPECT_EQ((*s)->lm_head.Row(0), full->lm_head.Row(256));
 }
 

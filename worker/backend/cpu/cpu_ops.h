@@ -1,0 +1,73 @@
+// The CPU implementation of ComputeOps: the kernels of kernels.h on the
+// backend's thread pool, the paged KV pool of kv_cache.h, and the group's
+// Communicator. Each op is the same sequence of kernel calls, in the same
+// order and with the same float expressions, as the forward pass had before
+// it was split from the backend; the build's -ffp-contract=off keeps those
+// expressions rounding alike wherever they are compiled.
+//
+// Owned by CpuBackend and driven by its step thread; not thread-safe. Ops
+// fan out over the pool internally and return when every task is done.
+#ifndef RINGLANE_WORKER_BACKEND_CPU_CPU_OPS_H_
+#define RINGLANE_WORKER_BACKEND_CPU_CPU_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/aligned.h"
+#include "worker/backend/cpu/kernels.h"
+#include "worker/backend/ops.h"
+#include "worker/collectives/communicator.h"
+#include "worker/kv_cache.h"
+#include "worker/thread_pool.h"
+
+namespace ringlane::worker::cpu {
+
+class CpuOps final : public ComputeOps {
+ public:
+  // `pool` and `comm` are borrowed and must outlive this; `comm` is null when
+  // the model is not sharded.
+  CpuOps(ThreadPool* pool, Isa isa, Communicator* comm) : pool_(pool), isa_(isa), comm_(comm) {}
+
+  // The pool the attention ops read and write (borrowed; null until the
+  // backend allocates one).
+  void set_kv_cache(KvCache* kv) { kv_ = kv; }
+
+  float* Scratch(int slot, int64_t floats) override;
+  void BeginRound(const RoundRows& rows) override;
+  void PrepareRope(absl::Span<const float> inv_freq) override;
+  void Rope(float* x, int64_t ld, int heads, int head_dim, RopeLayout layout) override;
+  void Embed(const Matrix& table, int vocab0, int vocab, float* out) override;
+  void SelectRows(const float* x, int64_t dim, absl::Span<const int64_t> rows, float* out) override;
+  void RmsNorm(const float* x, absl::Span<const float> w, int dim, float eps, float* out,
+               int rows) override;
+  void MatMul(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+              int64_t ldy) override;
+  void MatMulShared(absl::Span<const MatMulTarget> targets, const float* x, int64_t ldx,
+                    int rows) override;
+  void StorePagedKv(int layer, const float* k, const float* v, int64_t ld) override;
+  void AttendPaged(int layer, const AttentionHeads& heads, const float* q, float* out,
+                   int64_t ld) override;
+  void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
+  void Add(float* x, const float* y, int64_t n) override;
+  int group_size() const override { return comm_ == nullptr ? 1 : comm_->world_size(); }
+  absl::Status AllReduceSum(float* data, int64_t count) override;
+  absl::Status AllGather(const float* in, int64_t count, float* out) override;
+
+ private:
+  ThreadPool* const pool_;
+  const Isa isa_;
+  Communicator* const comm_;
+  KvCache* kv_ = nullptr;
+
+  RoundRows rows_;                // the current round
+  std::vector<float> cos_, sin_;  // [rows][half]: RoPE angles of the round's rows
+  int rope_half_ = 0;             // half of the head size the angles were made for
+  std::vector<AlignedFloats> scratch_;
+  // Per pool thread: K, K transposed and V of one sequence's context, and the
+  // attention scores of one row.
+  std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
+};
+
+}  // namespace ringlane::worker::cpu
+
+#endif  // RINGLANE_WORKER_BACKEND_CPU_CPU_OPS_H_

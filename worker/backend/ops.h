@@ -1,0 +1,122 @@
+// The operations a compute backend provides to a model graph
+// (worker/graph/): one forward pass is written once over these, and each
+// backend implements them with its own kernels (backend/cpu/cpu_ops.h).
+//
+// An op works on whole rounds: every call covers all rows of the round (or
+// all selected rows), so the virtual dispatch costs one call per op and layer,
+// never one per row. Activations are float buffers in the backend's memory,
+// handed out by Scratch(); on the CPU that is host memory, and the graph reads
+// its logits from there directly. Weights are the model's Matrix views in
+// their stored dtype.
+//
+// Results must not depend on which other rows share a round (batch
+// invariance); each implementation documents how it keeps that.
+//
+// Driven by the backend's step thread only; not thread-safe.
+#ifndef RINGLANE_WORKER_BACKEND_OPS_H_
+#define RINGLANE_WORKER_BACKEND_OPS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "worker/model/model.h"
+#include "worker/round.h"
+
+namespace ringlane::worker {
+
+// The rows of one round as every op of that round sees them: the new tokens
+// of all sequences, back to back in sequence order. The arrays belong to the
+// graph and stay valid until the round ends.
+struct RoundRows {
+  const RoundInput* round = nullptr;
+  int64_t rows = 0;
+  const int32_t* tokens = nullptr;     // [rows]
+  const int64_t* positions = nullptr;  // [rows] absolute position of each row
+  const int* row_seq = nullptr;        // [rows] index of the row's sequence
+  const int64_t* seq_row0 = nullptr;   // [seqs] first row of each sequence
+};
+
+// One output of a matmul that shares its input with others (Q/K/V, gate/up).
+struct MatMulTarget {
+  const Matrix* w;
+  float* y;  // [rows][ldy]
+  int64_t ldy;
+};
+
+// Which query and KV heads this rank attends with. Local query head h uses
+// local KV head (head0 + h) / group - kv_head0.
+struct AttentionHeads {
+  int heads = 0;     // local query heads
+  int kv_heads = 0;  // local KV heads
+  int head_dim = 0;
+  int head0 = 0;     // global index of local query head 0
+  int kv_head0 = 0;  // global index of local KV head 0
+  int group = 1;     // query heads per KV head in the whole model
+};
+
+class ComputeOps {
+ public:
+  virtual ~ComputeOps() = default;
+
+  // A buffer of at least `floats` floats for `slot` (a small number the graph
+  // picks). The same slot returns the same memory while it is large enough,
+  // so a graph keeps its buffers between rounds without reallocating; a
+  // larger request may move it and drop its contents.
+  virtual float* Scratch(int slot, int64_t floats) = 0;
+
+  // Starts a round: the rows every later op of the round refers to.
+  virtual void BeginRound(const RoundRows& rows) = 0;
+
+  // RoPE angles position * inv_freq[i] of the round's rows, kept for Rope().
+  virtual void PrepareRope(absl::Span<const float> inv_freq) = 0;
+  // Rotates `heads` heads of `head_dim` in each of the round's rows of x
+  // (row stride ld) by the angles of PrepareRope.
+  virtual void Rope(float* x, int64_t ld, int heads, int head_dim, RopeLayout layout) = 0;
+
+  // out[t] = the embedding row of token t of the round. Vocabulary-parallel:
+  // `table` holds token ids [vocab0, vocab0 + vocab); other ids give zeros,
+  // so the sum over the group is the whole row.
+  virtual void Embed(const Matrix& table, int vocab0, int vocab, float* out) = 0;
+
+  // out[r] = x[rows[r]] for r < rows.size(), rows of `dim` floats.
+  virtual void SelectRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
+                          float* out) = 0;
+
+  // out[t] = w * x[t] / rms(x[t]) over `dim` floats, for rows t < rows.
+  virtual void RmsNorm(const float* x, absl::Span<const float> w, int dim, float eps, float* out,
+                       int rows) = 0;
+
+  // y[m] = w x[m] for m < rows, in w's stored dtype with its scales.
+  virtual void MatMul(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+                      int64_t ldy) = 0;
+  // Several matrices applied to the same x, as one op.
+  virtual void MatMulShared(absl::Span<const MatMulTarget> targets, const float* x, int64_t ldx,
+                            int rows) = 0;
+
+  // Writes K and V of the round's rows (k, v: [rows][ld], the local KV heads
+  // side by side) into their slots of `layer` in the paged cache.
+  virtual void StorePagedKv(int layer, const float* k, const float* v, int64_t ld) = 0;
+  // Causal attention of every row's query heads over its sequence's context in
+  // the paged cache of `layer`, this round's rows included (store them first).
+  // q and out: [rows][ld].
+  virtual void AttendPaged(int layer, const AttentionHeads& heads, const float* q, float* out,
+                           int64_t ld) = 0;
+
+  // gate = silu(gate) * up, elementwise over [rows][cols].
+  virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;
+  // x = x + y over n floats (the residual stream).
+  virtual void Add(float* x, const float* y, int64_t n) = 0;
+
+  // The tensor-parallel group: its size (1 without one), the all-reduce that
+  // sums a row-parallel layer's partial outputs, and the all-gather of the
+  // vocabulary-parallel head (out[r * count + i] = rank r's in[i]). Both
+  // return the communicator's error (Unavailable: the group is unusable).
+  virtual int group_size() const = 0;
+  virtual absl::Status AllReduceSum(float* data, int64_t count) = 0;
+  virtual absl::Status AllGather(const float* in, int64_t count, float* out) = 0;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_BACKEND_OPS_H_

@@ -1,0 +1,63 @@
+// The forward pass of the Llama family (Llama 1-3, TinyLlama, Mistral without
+// a sliding window, llama2.c checkpoints), written once over the ops of
+// backend/ops.h so that every backend runs the same graph:
+//
+//   x = embed(tokens)                         (vocabulary-parallel, summed)
+//   per layer: x += o(attend(rope(q, k), v))  (attn_norm before, all-reduce after)
+//              x += down(silu(gate) * up)     (ffn_norm before, all-reduce after)
+//   logits = lm_head(final_norm(x)) for the rows asked for (all-gathered)
+//
+// Tensor-parallel in the Megatron layout of TpShard: the rank's query/KV
+// heads and MLP columns, summed over the group after wo and w_down.
+//
+// Owned by a backend and driven by its step thread; not thread-safe. Keeps
+// its per-round index arrays between rounds to avoid reallocating them.
+#ifndef RINGLANE_WORKER_GRAPH_LLAMA_H_
+#define RINGLANE_WORKER_GRAPH_LLAMA_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/ops.h"
+#include "worker/model/model.h"
+#include "worker/round.h"
+
+namespace ringlane::worker {
+
+class LlamaGraph {
+ public:
+  // `model` is this rank's shard (the whole model when not sharded).
+  explicit LlamaGraph(std::shared_ptr<const ModelWeights> model);
+
+  // The cache each layer keeps on this rank: paged K/V of the rank's KV heads,
+  // the same in every layer.
+  std::vector<LayerCacheSpec> LayerCaches() const;
+
+  // Runs one round over `ops`, whose cache must hold the caches LayerCaches()
+  // names. The round must already be validated against the pool (token ids,
+  // positions and block ids in range, blocks covering the positions). Errors:
+  // the group's collectives' (Unavailable when a peer is gone).
+  absl::StatusOr<RoundOutput> Forward(const RoundInput& round, ComputeOps* ops);
+
+ private:
+  // Logits of the rows in want_, in order, into out.
+  absl::Status Head(const RoundInput& round, ComputeOps* ops, RoundOutput* out);
+
+  const std::shared_ptr<const ModelWeights> model_;
+  const ModelConfig& cfg_;
+  const TpShard& shard_;
+  const std::vector<float> inv_freq_;
+
+  // Per-round index arrays (see RoundRows).
+  std::vector<int32_t> tokens_;
+  std::vector<int64_t> positions_;
+  std::vector<int> row_seq_;
+  std::vector<int64_t> seq_row0_;
+  std::vector<int64_t> want_;  // rows whose logits are asked for
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_GRAPH_LLAMA_H_
