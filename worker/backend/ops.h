@@ -60,9 +60,9 @@ class ComputeOps {
   virtual ~ComputeOps() = default;
 
   // A buffer of at least `floats` floats for `slot` (a small number the graph
-  // picks). The same slot returns the same memory while it is large enough,
-  // so a graph keeps its buffers between rounds without reallocating; a
-  // larger request may move it and drop its contents.
+  // picks). The same slot returns the same memory, contents kept, while it is
+  // large enough, so a graph keeps its buffers between rounds without
+  // reallocating; a larger request may move that slot's buffer, never another's.
   virtual float* Scratch(int slot, int64_t floats) = 0;
 
   // Starts a round: the rows every later op of the round refers to.

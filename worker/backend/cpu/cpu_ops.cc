@@ -7,6 +7,8 @@
 namespace ringlane::worker::cpu {
 
 float* CpuOps::Scratch(int slot, int64_t floats) {
+  // Growing the outer vector moves the buffers, which keeps their memory: the
+  // other slots' pointers stay valid.
   if (slot >= static_cast<int>(scratch_.size())) scratch_.resize(slot + 1);
   AlignedFloats& buf = scratch_[slot];
   if (buf.size() < static_cast<size_t>(floats)) buf.resize(floats);
