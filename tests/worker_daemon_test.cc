@@ -24,7 +24,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "ringlane/v1/worker.grpc.pb.h"
-#include "router/worker_group.h"
+#include "router/client/worker_group.h"
 #include "services/flags_util.h"
 #include "services/http_client.h"
 #include "tests/support/daemon.h"

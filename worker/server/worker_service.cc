@@ -72,6 +72,8 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_bos_token_id(config_.bos_id);
   info->set_eos_token_id(config_.eos_id);
   for (int i = 0; i < config_.layers; ++i) info->add_layer_cache_kinds(v1::CACHE_KIND_PAGED_KV);
+  info->mutable_limits()->set_max_top_logprobs(kMaxTopLogprobs);
+  info->mutable_limits()->set_max_abs_penalty(2);
   GroupMember::State s = group_->state();
   info->set_group(id_.group);
   info->set_group_epoch(s.ready ? s.epoch : 0);
