@@ -24,7 +24,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "ringlane/v1/worker.grpc.pb.h"
-#include "router/worker_group.h"
+#include "router/client/worker_group.h"
 #include "services/flags_util.h"
 #include "services/http_client.h"
 #include "tests/support/daemon.h"
@@ -184,6 +184,9 @@ TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
   EXPECT_TRUE(info.group_ready());
   EXPECT_EQ(info.backend(), "cpu");
   EXPECT_FALSE(info.model_revision().empty());
+  // The sampler's bounds, advertised once.
+  EXPECT_EQ(info.limits().max_top_logprobs(), 20);
+  EXPECT_EQ(info.limits().max_abs_penalty(), 2.0f);
 
   auto ch = grpc::CreateChannel(g.ranks[0]->address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(ch);

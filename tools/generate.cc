@@ -21,8 +21,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "router/client/round_builder.h"
+#include "router/client/worker_group.h"
 #include "router/tokenizer/llama2c_tokenizer.h"
-#include "router/worker_group.h"
 #include "worker/backend/backend.h"
 #include "worker/model/model.h"
 #include "worker/sampler.h"
@@ -52,6 +53,7 @@ namespace {
 
 using ringlane::router::Llama2cTokenizer;
 namespace rw = ringlane::worker;
+namespace rr = ringlane::router;
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "ringlane-generate: error: %s\n", msg.c_str());
@@ -192,42 +194,34 @@ class GroupEngine final : public Engine {
     ++lane_;
     pos_ = 0;
     ringlane::v1::RoundPlan plan;
-    ringlane::v1::LaneStep* r = Row(&plan, static_cast<int64_t>(prompt.size()));
-    r->mutable_token_ids()->Add(prompt.begin(), prompt.end());
-    ringlane::v1::SamplingParams* s = r->mutable_sampling();
-    s->set_temperature(p.temperature);
-    s->set_top_k(p.top_k);
-    s->set_top_p(p.top_p);
-    s->set_min_p(p.min_p);
-    s->set_seed(p.seed);
+    plan.set_round_id(++round_);
+    ringlane::v1::LaneStep* r = rr::AddPrefillRow(&plan, lane_, 0, prompt, true, blocks_, bs());
+    pos_ = static_cast<int64_t>(prompt.size());
+    ringlane::v1::SamplingParams s;
+    s.set_temperature(p.temperature);
+    s.set_top_k(p.top_k);
+    s.set_top_p(p.top_p);
+    s.set_min_p(p.min_p);
+    s.set_seed(p.seed);
+    rr::SetLaneParams(r, s, 0);
     return Run(plan);
   }
   absl::StatusOr<int32_t> Next() override {
     ringlane::v1::RoundPlan plan;
-    Row(&plan, 1)->set_use_last_sampled(true);
+    plan.set_round_id(++round_);
+    rr::AddDecodeRow(&plan, lane_, pos_, {}, blocks_, bs());
+    pos_ += 1;
     return Run(plan);
   }
   void End() override {
     ringlane::v1::RoundPlan plan;
     plan.set_round_id(++round_);
-    ringlane::v1::LaneStep* r = plan.add_rows();
-    r->set_lane_id(lane_);
-    r->set_release_lane(true);
+    rr::AddReleaseRow(&plan, lane_);
     group_->Run(plan).status().IgnoreError();
   }
 
  private:
-  ringlane::v1::LaneStep* Row(ringlane::v1::RoundPlan* plan, int64_t n) {
-    plan->set_round_id(++round_);
-    ringlane::v1::LaneStep* r = plan->add_rows();
-    r->set_lane_id(lane_);
-    r->set_start_position(pos_);
-    r->set_sample_last(true);
-    const int bs = group_->info().block_size_tokens();
-    pos_ += n;
-    r->mutable_block_ids()->Add(blocks_.begin(), blocks_.begin() + (pos_ + bs - 1) / bs);
-    return r;
-  }
+  int32_t bs() const { return group_->info().block_size_tokens(); }
   absl::StatusOr<int32_t> Run(const ringlane::v1::RoundPlan& plan) {
     auto res = group_->Run(plan);
     if (!res.ok()) return res.status();

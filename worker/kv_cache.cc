@@ -9,12 +9,13 @@
 
 namespace ringlane::worker {
 
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_heads, int head_dim,
-                                                         const KvPoolSpec& spec) {
+namespace {
+
+absl::Status ValidateShape(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec) {
   if (layers <= 0 || kv_heads <= 0 || head_dim <= 0) {
     return absl::InvalidArgumentError("KV cache: layers, kv_heads and head_dim must be positive");
   }
-  if (spec.num_blocks <= 0 || spec.block_size <= 0) {
+  if (spec.block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache: num_blocks (", spec.num_blocks,
                                                    ") and block_size (", spec.block_size,
                                                    ") must be positive"));
@@ -22,6 +23,28 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   if (spec.dtype == DType::kF16) {
     return absl::InvalidArgumentError("KV cache dtype must be f32, bf16 or fp8");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> KvCache::BlockBytes(int layers, int kv_heads, int head_dim,
+                                            const KvPoolSpec& spec) {
+  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec); !st.ok()) return st;
+  // The same arithmetic as the constructor, which owns the layout.
+  return KvCache(layers, kv_heads, head_dim, spec).block_bytes_;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_heads, int head_dim,
+                                                         const KvPoolSpec& spec) {
+  // The pool's size is checked between the shape and the dtype, so that each
+  // bad spec keeps the message it always had.
+  if (spec.num_blocks <= 0 && layers > 0 && kv_heads > 0 && head_dim > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache: num_blocks (", spec.num_blocks,
+                                                   ") and block_size (", spec.block_size,
+                                                   ") must be positive"));
+  }
+  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec); !st.ok()) return st;
   std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec));
   try {
     kv->data_.assign(static_cast<size_t>(kv->block_bytes_) * spec.num_blocks, 0);

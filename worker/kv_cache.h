@@ -8,8 +8,10 @@
 //   for layer, for kv in {K, V}: [block_size][kv_heads][head_dim] elements
 //   then, FP8 only, for layer, for kv: [block_size][kv_heads] float scales.
 //
-// Owned by the backend's step thread. Store/Gather on different (block, slot)
-// pairs may run on several threads at once.
+// Owned by a backend, so by the worker's step loop thread (the only thread
+// that runs rounds and KV block moves, worker/server/step_loop.h). Within one
+// round, Store/Gather on different (block, slot) pairs may run on several of
+// the backend's compute threads at once.
 #ifndef RINGLANE_WORKER_KV_CACHE_H_
 #define RINGLANE_WORKER_KV_CACHE_H_
 
@@ -34,6 +36,12 @@ class KvCache {
   // (F16 is not offered), ResourceExhausted when the pool cannot be allocated.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int layers, int kv_heads, int head_dim,
                                                          const KvPoolSpec& spec);
+
+  // Bytes of one block of a pool of this shape (spec.num_blocks is not looked
+  // at), without allocating anything: what Create would give block_bytes().
+  // InvalidArgument as Create.
+  static absl::StatusOr<int64_t> BlockBytes(int layers, int kv_heads, int head_dim,
+                                            const KvPoolSpec& spec);
 
   const KvPoolSpec& spec() const { return spec_; }
   int64_t block_bytes() const { return block_bytes_; }

@@ -25,6 +25,7 @@
 #include "services/flags_util.h"
 #include "services/log.h"
 #include "services/signals.h"
+#include "worker/backend/factory.h"
 #include "worker/kv_cache.h"
 #include "worker/model/model.h"
 #include "worker/model/shard.h"
@@ -213,14 +214,12 @@ int main(int argc, char** argv) {
   const int context = cfg.max_position > 0 ? cfg.max_position : 2048;
   if (kv_blocks == 0) kv_blocks = 4 * ((context + block_size - 1) / block_size);
   const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype};
-  auto probe = rw::KvCache::Create(cfg.layers, shard->shard.kv_heads, cfg.head_dim,
-                                   {1, block_size, *kv_dtype});
-  if (!probe.ok()) {
-    RL_LOG(ERROR) << "KV pool: " << probe.status().message();
+  absl::StatusOr<int64_t> block_bytes_or = rw::KvBlockBytes(backend, cfg, shard->shard, pool);
+  if (!block_bytes_or.ok()) {
+    RL_LOG(ERROR) << "KV pool: " << block_bytes_or.status().message();
     return 1;
   }
-  const int64_t block_bytes = (*probe)->block_bytes();
-  probe->reset();
+  const int64_t block_bytes = *block_bytes_or;
   RL_LOG(INFO) << absl::StrFormat(
       "model %s: %d layers, %d/%d heads (this rank %d, KV %d), vocab %d, context %d; "
       "KV pool %d blocks x %d tokens, %s, %.1f MiB; loaded in %.0f ms",
@@ -258,7 +257,8 @@ int main(int argc, char** argv) {
   go.kv_pool = pool;
   go.transport = transport;
   go.tcp_wait = tcp_wait;
-  go.backend.threads = threads;
+  go.backend.kind = backend;
+  go.backend.cpu.threads = threads;
   rw::GroupMember group(shard, go);
 
   rw::WorkerIdentity id;

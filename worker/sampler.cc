@@ -105,13 +105,16 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
     return absl::InvalidArgumentError(
         absl::StrFormat("min_p must be in [0, 1], got %g", params.min_p));
   }
-  if (!(params.presence_penalty >= -2 && params.presence_penalty <= 2)) {
+  if (!(params.presence_penalty >= -kMaxAbsPenalty && params.presence_penalty <= kMaxAbsPenalty)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("presence_penalty must be in [-2, 2], got %g", params.presence_penalty));
+        absl::StrFormat("presence_penalty must be in [-%g, %g], got %g", kMaxAbsPenalty,
+                        kMaxAbsPenalty, params.presence_penalty));
   }
-  if (!(params.frequency_penalty >= -2 && params.frequency_penalty <= 2)) {
+  if (!(params.frequency_penalty >= -kMaxAbsPenalty &&
+        params.frequency_penalty <= kMaxAbsPenalty)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("frequency_penalty must be in [-2, 2], got %g", params.frequency_penalty));
+        absl::StrFormat("frequency_penalty must be in [-%g, %g], got %g", kMaxAbsPenalty,
+                        kMaxAbsPenalty, params.frequency_penalty));
   }
   if (params.top_logprobs < -1 || params.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(

@@ -38,10 +38,14 @@ struct SamplingParams {
 
 // Largest top_logprobs a request may ask for (OpenAI's limit).
 inline constexpr int kMaxTopLogprobs = 20;
+// presence_penalty and frequency_penalty must lie in [-kMaxAbsPenalty,
+// kMaxAbsPenalty] (OpenAI's range).
+inline constexpr float kMaxAbsPenalty = 2;
 
 // OK, or InvalidArgument naming the first bad field: temperature must be finite
-// and >= 0, top_p in (0, 1], min_p in [0, 1], both penalties in [-2, 2],
-// top_logprobs in [-1, kMaxTopLogprobs]. top_k takes any value.
+// and >= 0, top_p in (0, 1], min_p in [0, 1], both penalties in
+// [-kMaxAbsPenalty, kMaxAbsPenalty], top_logprobs in [-1, kMaxTopLogprobs].
+// top_k takes any value.
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 struct TokenLogprob {

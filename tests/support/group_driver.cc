@@ -4,10 +4,15 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "router/client/round_builder.h"
 
 namespace ringlane::testing {
 
 namespace v1 = ringlane::v1;
+using router::AddDecodeRow;
+using router::AddPrefillRow;
+using router::AddReleaseRow;
+using router::SetLaneParams;
 
 v1::SamplingParams Greedy() {
   v1::SamplingParams p;
@@ -47,34 +52,29 @@ absl::StatusOr<std::vector<DriverOutput>> DriveLanes(router::WorkerGroupClient& 
       if (s.released) continue;
       pending = true;
       if (round < l.first_round) continue;
-      v1::LaneStep* row = plan.add_rows();
-      row->set_lane_id(first_lane_id + i);
+      const uint64_t id = first_lane_id + i;
       if (s.finished) {
-        row->set_release_lane(true);
+        AddReleaseRow(&plan, id);
         s.released = true;
         continue;
       }
-      row->set_start_position(s.fed);
       const int64_t prompt = static_cast<int64_t>(l.prompt.size());
-      int64_t n;
+      v1::LaneStep* row;
+      int64_t n = 1;
       if (s.fed < prompt) {
         const int64_t chunk = l.prefill_chunk > 0 ? l.prefill_chunk : prompt;
         n = std::min(chunk, prompt - s.fed);
-        row->mutable_token_ids()->Add(l.prompt.begin() + s.fed, l.prompt.begin() + s.fed + n);
-        row->set_sample_last(s.fed + n == prompt);
+        row = AddPrefillRow(&plan, id, s.fed,
+                            absl::MakeConstSpan(l.prompt.data() + s.fed, static_cast<size_t>(n)),
+                            s.fed + n == prompt, s.blocks, bs);
       } else {
-        n = 1;
-        row->set_use_last_sampled(true);
-        row->set_sample_last(true);
+        row = AddDecodeRow(&plan, id, s.fed, {}, s.blocks, bs);
       }
       if (!s.started) {
-        *row->mutable_sampling() = l.sampling;
-        row->set_choice_index(l.choice_index);
+        SetLaneParams(row, l.sampling, l.choice_index);
         s.started = true;
       }
-      const int64_t end = s.fed + n;
-      row->mutable_block_ids()->Add(s.blocks.begin(), s.blocks.begin() + (end + bs - 1) / bs);
-      s.fed = end;
+      s.fed += n;
     }
     if (!pending) break;
     if (plan.rows_size() == 0) continue;

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "ringlane/v1/worker.pb.h"
-#include "router/worker_group.h"
+#include "router/client/worker_group.h"
 
 namespace ringlane::testing {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "router/loop_watchdog.h"
+#include "router/request/loop_watchdog.h"
 #include "tools/bench/client.h"
 #include "tools/bench/metrics.h"
 #include "tools/bench/sample.h"

@@ -3,7 +3,10 @@
 // where the toolkit is present. Like leveldb's Env, each call documents its
 // failures; none throws.
 //
-// A backend is driven by one step thread; its methods are not thread-safe.
+// A backend is created by the group's formation thread and then driven only by
+// the worker's step loop thread (worker/server/step_loop.h), which runs rounds
+// and KV block moves in one order; its methods are not thread-safe. Backends
+// are made through worker/backend/factory.h.
 #ifndef RINGLANE_WORKER_BACKEND_BACKEND_H_
 #define RINGLANE_WORKER_BACKEND_BACKEND_H_
 
@@ -66,6 +69,12 @@ struct CpuBackendOptions {
 
 std::unique_ptr<Backend> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
                                           const CpuBackendOptions& options);
+
+// The bytes of one KV block of the CPU backend for this shard and pool spec
+// (spec.num_blocks is not looked at), without allocating a pool.
+// InvalidArgument as AllocateKvPool.
+absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard& shard,
+                                        const KvPoolSpec& spec);
 
 }  // namespace ringlane::worker
 

@@ -9,7 +9,8 @@
 // buffer, then add them element by element in rank order, ((r0 + r1) + r2) +
 // ... — it only moves bytes across the network and sums locally.
 //
-// A communicator is used by one thread at a time (the worker's step thread).
+// A communicator is used by one thread at a time: in the worker, the step
+// loop's (worker/server/step_loop.h), which owns it with the backend.
 #ifndef RINGLANE_WORKER_COLLECTIVES_COMMUNICATOR_H_
 #define RINGLANE_WORKER_COLLECTIVES_COMMUNICATOR_H_
 

@@ -6,12 +6,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "services/log.h"
+#include "worker/collectives/factory.h"
+#include "worker/collectives/timed_communicator.h"
 #include "worker/rendezvous/rendezvous.h"
 
 namespace ringlane::worker {
 
 GroupMember::GroupMember(std::shared_ptr<const ModelWeights> shard, GroupOptions options)
-    : shard_(std::move(shard)), options_(std::move(options)) {
+    : shard_(std::move(shard)),
+      options_(std::move(options)),
+      steps_(
+          options_.rank,
+          [this](int64_t epoch, int64_t installed) { return Admit(epoch, installed); },
+          [this](const absl::Status& status) { ReportFailure(status); }) {
   state_.status = "starting";
 }
 
@@ -29,9 +36,7 @@ void GroupMember::RequestStop() {
 void GroupMember::Stop() {
   RequestStop();
   if (thread_.joinable()) thread_.join();
-  absl::MutexLock lock(&exec_mu_);
-  backend_.reset();
-  comm_.reset();
+  steps_.Stop();
 }
 
 bool GroupMember::Stopping() const {
@@ -65,35 +70,23 @@ void GroupMember::ReportFailure(const absl::Status& status) {
   }
 }
 
-void GroupMember::Lease::Unlock::operator()(GroupMember* m) const { m->exec_mu_.Unlock(); }
-
-GroupMember::Lease::~Lease() = default;
-
-absl::StatusOr<GroupMember::Lease> GroupMember::Acquire(int64_t epoch) {
-  exec_mu_.Lock();
-  State s = state();
-  bool broken;
-  {
-    absl::MutexLock lock(&mu_);
-    broken = broken_;
-  }
-  absl::Status why;
-  if (!s.ready || backend_ == nullptr) {
-    why = absl::UnavailableError(
+absl::Status GroupMember::Admit(int64_t epoch, int64_t installed) const {
+  absl::MutexLock lock(&mu_);
+  const State& s = state_;
+  if (!s.ready || installed == 0 || installed != s.epoch) {
+    return absl::UnavailableError(
         absl::StrCat("worker group '", options_.name, "' is not formed: ", s.status));
-  } else if (broken) {
-    why = absl::UnavailableError(
+  }
+  if (broken_) {
+    return absl::UnavailableError(
         absl::StrCat("worker group '", options_.name, "' broke in epoch ", s.epoch));
-  } else if (epoch != 0 && epoch != s.epoch) {
-    why = absl::UnavailableError(
+  }
+  if (epoch != 0 && epoch != s.epoch) {
+    return absl::UnavailableError(
         absl::StrCat("worker group '", options_.name, "' re-formed (epoch ", epoch, " -> ", s.epoch,
                      "): the KV contents and lanes of epoch ", epoch, " are gone"));
   }
-  if (!why.ok()) {
-    exec_mu_.Unlock();
-    return why;
-  }
-  return Lease(this, Formation{s.epoch, backend_.get(), comm_.get()});
+  return absl::OkStatus();
 }
 
 void GroupMember::Loop() {
@@ -147,43 +140,39 @@ void GroupMember::FormAndServe() {
     }
   }
 
-  std::unique_ptr<Communicator> comm;
-  if (o.world_size == 1) {
-    comm = CreateSingleRankCommunicator();
-  } else {
-    GlooOptions g;
-    g.rank = o.rank;
-    g.world_size = o.world_size;
-    g.host = o.host;
-    g.timeout = o.collective_timeout;
-    g.rendezvous_address = o.rendezvous_address;
-    g.group = store_group;
-    g.transport = o.transport;
-    g.tcp_wait = o.tcp_wait;
-    absl::StatusOr<std::unique_ptr<Communicator>> c = CreateGlooCommunicator(g);
-    if (!c.ok()) {
-      RL_LOG(WARNING) << who << ": connecting the collectives of epoch " << epoch
-                      << " failed: " << c.status().message() << "; joining again";
-      SetStatus(false, 0, std::string(c.status().message()));
-      return;
-    }
-    comm = std::move(*c);
+  CommunicatorOptions co;
+  co.kind = CollectivesForBackend(o.backend.kind);
+  co.rank = o.rank;
+  co.world_size = o.world_size;
+  co.rendezvous_address = o.rendezvous_address;
+  co.group = store_group;
+  co.timeout = o.collective_timeout;
+  co.host = o.host;
+  co.transport = o.transport;
+  co.tcp_wait = o.tcp_wait;
+  absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(co);
+  if (!c.ok()) {
+    RL_LOG(WARNING) << who << ": connecting the collectives of epoch " << epoch
+                    << " failed: " << c.status().message() << "; joining again";
+    SetStatus(false, 0, std::string(c.status().message()));
+    return;
   }
-  {
-    absl::MutexLock lock(&exec_mu_);
-    comm_ = std::make_unique<TimedCommunicator>(std::move(comm));
-    CpuBackendOptions bo = o.backend;
-    bo.comm = o.world_size > 1 ? comm_.get() : nullptr;
-    backend_ = CreateCpuBackend(shard_, bo);
-    if (absl::Status st = backend_->AllocateKvPool(o.kv_pool); !st.ok()) {
-      backend_.reset();
-      comm_.reset();
-      RL_LOG(ERROR) << who << ": KV pool of " << o.kv_pool.num_blocks
-                    << " blocks: " << st.message();
-      SetStatus(false, 0, absl::StrCat("KV pool: ", st.message()));
-      absl::SleepFor(absl::Seconds(5));
-      return;
-    }
+  auto comm = std::make_unique<TimedCommunicator>(std::move(*c));
+  // An unsharded model has no collectives to run.
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(shard_, o.backend, o.world_size > 1 ? comm.get() : nullptr);
+  if (!backend.ok()) {
+    RL_LOG(ERROR) << who << ": " << backend.status().message();
+    SetStatus(false, 0, absl::StrCat("backend: ", backend.status().message()));
+    absl::SleepFor(absl::Seconds(5));
+    return;
+  }
+  if (absl::Status st = steps_.Install(epoch, std::move(comm), std::move(*backend), o.kv_pool);
+      !st.ok()) {
+    RL_LOG(ERROR) << who << ": KV pool of " << o.kv_pool.num_blocks << " blocks: " << st.message();
+    SetStatus(false, 0, absl::StrCat("KV pool: ", st.message()));
+    absl::SleepFor(absl::Seconds(5));
+    return;
   }
   {
     absl::MutexLock lock(&mu_);
@@ -216,9 +205,9 @@ void GroupMember::FormAndServe() {
   SetStatus(false, epoch, absl::StrCat("epoch ", epoch, " broke (", reason, "); re-forming"));
   RL_LOG(WARNING) << who << ": epoch " << epoch << " broke: " << reason
                   << "; dropping the KV pool and joining again";
-  absl::MutexLock lock(&exec_mu_);
-  backend_.reset();
-  comm_.reset();
+  // Behind whatever is queued: those operations fail admission now that the
+  // group is not ready, and nothing runs on the old formation after this.
+  steps_.Teardown();
 }
 
 }  // namespace ringlane::worker

@@ -5,6 +5,11 @@
 // join again. Each formation has a new epoch; KV contents never survive one.
 //
 // A group of one rank forms at once, with no rendezvous.
+//
+// The formation loop runs in a thread of its own; the formation it builds is
+// handed to the step loop (step_loop.h), whose thread alone uses it. The
+// public methods are thread-safe. Lock order: the two mutexes are never held
+// together; the step loop calls Admit and ReportFailure without its own.
 #ifndef RINGLANE_WORKER_SERVER_GROUP_H_
 #define RINGLANE_WORKER_SERVER_GROUP_H_
 
@@ -17,10 +22,10 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/backend/backend.h"
-#include "worker/collectives/timed_communicator.h"
+#include "worker/backend/factory.h"
 #include "worker/kv_cache.h"
 #include "worker/model/model.h"
+#include "worker/server/step_loop.h"
 
 namespace ringlane::worker {
 
@@ -37,20 +42,13 @@ struct GroupOptions {
   std::chrono::milliseconds join_timeout{60000};
   // Longest wait inside one collective before the group counts as broken.
   std::chrono::milliseconds collective_timeout{30000};
-  // Gloo transport: "auto", "tcp" or "ibverbs" (GlooOptions::transport).
+  // Host collectives: "auto", "tcp" or "ibverbs", and how TCP ranks wait for
+  // their peers (CommunicatorOptions).
   std::string transport = "auto";
-  // How TCP ranks wait for their peers (GlooOptions::tcp_wait).
   std::string tcp_wait = "blocking";
   KvPoolSpec kv_pool;
-  CpuBackendOptions backend;  // `comm` is filled in per formation
-};
-
-// What a formed epoch offers the round loop. Valid while the Lease that
-// returned it is held.
-struct Formation {
-  int64_t epoch = 0;
-  Backend* backend = nullptr;
-  TimedCommunicator* comm = nullptr;
+  // Its kind also picks the collectives (CollectivesForBackend).
+  BackendOptions backend;
 };
 
 class GroupMember {
@@ -66,37 +64,19 @@ class GroupMember {
 
   // Starts the formation loop in a thread of its own.
   void Start();
-  // Ends the loop and releases the backend; waits for a running round.
+  // Ends the loop and, after the operations already queued on the step loop,
+  // releases the backend.
   void Stop();
   // Tells the loop to end without waiting for it (so that a server shutting
   // down next is not taken for a broken group); Stop() still must be called.
   void RequestStop();
 
-  // Exclusive use of the current formation for one round (or a KV export or
-  // import). While held, the formation is not torn down.
-  class Lease {
-   public:
-    Lease(Lease&&) = default;
-    ~Lease();
-    const Formation& formation() const { return formation_; }
-
-   private:
-    friend class GroupMember;
-    Lease(GroupMember* m, Formation f) : member_(m), formation_(f) {}
-    struct Unlock {
-      void operator()(GroupMember* m) const;
-    };
-    std::unique_ptr<GroupMember, Unlock> member_;
-    Formation formation_;
-  };
-
-  // The formation of epoch `epoch` (0: whichever is current), or
-  // Unavailable saying why there is none (still forming, broken, moved on
-  // to another epoch whose KV contents are new).
-  absl::StatusOr<Lease> Acquire(int64_t epoch = 0);
+  // The step loop that runs every operation on this group's formations:
+  // rounds and KV block moves enqueue there.
+  StepLoop& steps() { return steps_; }
 
   // A round failed inside a collective or the backend: the group is broken;
-  // the loop tears it down and joins again.
+  // the loop tears it down and joins again. The step loop calls it.
   void ReportFailure(const absl::Status& status);
 
   // For GetInfo and health.
@@ -115,6 +95,8 @@ class GroupMember {
   // One formation: returns when it broke or Stop() was called.
   void FormAndServe();
   void SetStatus(bool ready, int64_t epoch, std::string status);
+  // StepLoop::AdmitFn: whether an operation for `epoch` may run now.
+  absl::Status Admit(int64_t epoch, int64_t installed) const;
   bool Stopping() const;
 
   const std::shared_ptr<const ModelWeights> shard_;
@@ -128,11 +110,9 @@ class GroupMember {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   std::string broken_reason_ ABSL_GUARDED_BY(mu_);
 
-  // Held by a Lease for the duration of one round, and by the loop while it
-  // builds or tears down a formation.
-  absl::Mutex exec_mu_;
-  std::unique_ptr<TimedCommunicator> comm_ ABSL_GUARDED_BY(exec_mu_);
-  std::unique_ptr<Backend> backend_ ABSL_GUARDED_BY(exec_mu_);
+  // Last, so that it is destroyed (and its thread ends) before the state its
+  // admission callback reads.
+  StepLoop steps_;
 };
 
 }  // namespace ringlane::worker

@@ -6,7 +6,9 @@
 // plan say "input = this lane's last sampled token" before the router has
 // seen it.
 //
-// Used by one thread at a time (the Rounds stream's).
+// One per Rounds stream, used only on the step loop's thread (step_loop.h),
+// which makes it at the stream's first round; the stream's handler reads the
+// counters between rounds. Not thread-safe.
 #ifndef RINGLANE_WORKER_SERVER_ROUND_EXECUTOR_H_
 #define RINGLANE_WORKER_SERVER_ROUND_EXECUTOR_H_
 

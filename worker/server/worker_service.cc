@@ -3,13 +3,16 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "services/log.h"
 #include "services/status_grpc.h"
+#include "worker/sampler.h"
 #include "worker/server/round_executor.h"
+#include "worker/server/step_loop.h"
 
 namespace ringlane::worker {
 
@@ -18,12 +21,6 @@ namespace v1 = ringlane::v1;
 namespace {
 
 constexpr int kDefaultChunkBytes = 1 << 20;
-
-int64_t UsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                               t0)
-      .count();
-}
 
 }  // namespace
 
@@ -72,6 +69,10 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_bos_token_id(config_.bos_id);
   info->set_eos_token_id(config_.eos_id);
   for (int i = 0; i < config_.layers; ++i) info->add_layer_cache_kinds(v1::CACHE_KIND_PAGED_KV);
+  // The bounds this rank's sampler enforces, so the router can refuse a
+  // request up front instead of learning them from a rejected round.
+  info->mutable_limits()->set_max_top_logprobs(kMaxTopLogprobs);
+  info->mutable_limits()->set_max_abs_penalty(kMaxAbsPenalty);
   GroupMember::State s = group_->state();
   info->set_group(id_.group);
   info->set_group_epoch(s.ready ? s.epoch : 0);
@@ -92,20 +93,15 @@ grpc::Status WorkerService::Rounds(
     ~Closer() { *open = false; }
   } closer{&stream_open_};
 
-  int64_t epoch = 0;
-  Backend* backend = nullptr;
-  TimedCommunicator* comm = nullptr;
-  {
-    absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
-    if (!lease.ok()) return services::ToGrpcStatus(lease.status());
-    epoch = lease->formation().epoch;
-    backend = lease->formation().backend;
-    comm = lease->formation().comm;
-  }
-  // Per-lane state lives as long as the stream, and only within the epoch
-  // (the backend pointer is stable while the epoch lasts).
-  RoundExecutor exec(backend, id_.rank, comm);
-  RL_LOG(INFO) << "Rounds stream opened by " << ctx->peer() << " (epoch " << epoch << ")";
+  StepLoop& steps = group_->steps();
+  absl::StatusOr<int64_t> epoch = steps.CurrentEpoch();
+  if (!epoch.ok()) return services::ToGrpcStatus(epoch.status());
+  // Per-lane state lives as long as the stream, and only within the epoch.
+  // The step loop makes it at the first round and alone uses it in rounds;
+  // this thread reads its counters once a round is done.
+  std::unique_ptr<RoundExecutor> exec;
+  auto num_lanes = [&exec] { return exec ? exec->num_lanes() : 0; };
+  RL_LOG(INFO) << "Rounds stream opened by " << ctx->peer() << " (epoch " << *epoch << ")";
   grpc::Status end = grpc::Status::OK;
   v1::RoundPlan plan;
   uint64_t rounds = 0;
@@ -115,32 +111,27 @@ grpc::Status WorkerService::Rounds(
       end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is draining");
       break;
     }
-    absl::StatusOr<v1::RoundResult> r;
-    int64_t queue_us = 0;
-    {
-      absl::StatusOr<GroupMember::Lease> lease = group_->Acquire(epoch);
-      if (!lease.ok()) {
-        end = services::ToGrpcStatus(lease.status());
-        break;
-      }
-      queue_us = UsSince(arrived);
-      r = exec.Run(plan);
+    absl::StatusOr<StepLoop::RoundOutcome> outcome = steps.RunRound(*epoch, &exec, plan, arrived);
+    if (!outcome.ok()) {
+      end = services::ToGrpcStatus(outcome.status());
+      break;
     }
-    if (!r.ok()) {
-      // A collective or the device failed: this group is done; the loop
-      // re-forms it, and the other ranks learn it from the rendezvous.
-      group_->ReportFailure(r.status());
+    if (!outcome->failure.ok()) {
+      // A collective or the device failed: this group is done (the step loop
+      // has told it); the loop re-forms it, and the other ranks learn it from
+      // the rendezvous.
+      const absl::Status& failure = outcome->failure;
       if (metrics_) metrics_->rounds_failed->Increment();
-      RL_LOG(ERROR) << "round " << plan.round_id() << " failed in epoch " << epoch << ": "
-                    << r.status().message();
+      RL_LOG(ERROR) << "round " << plan.round_id() << " failed in epoch " << *epoch << ": "
+                    << failure.message();
       end = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                         absl::StrCat("round ", plan.round_id(), " failed: ", r.status().message(),
+                         absl::StrCat("round ", plan.round_id(), " failed: ", failure.message(),
                                       "; the worker group re-forms and its KV contents are lost"));
       break;
     }
-    r->set_queue_time_us(queue_us);
+    const v1::RoundResult& r = outcome->result;
     if (metrics_) {
-      if (r->has_error()) {
+      if (r.has_error()) {
         metrics_->rounds_rejected->Increment();
       } else {
         metrics_->rounds_ok->Increment();
@@ -149,22 +140,22 @@ grpc::Status WorkerService::Rounds(
           fed += row.token_ids_size() + (row.use_last_sampled() ? 1 : 0);
         }
         metrics_->tokens_fed->Increment(static_cast<double>(fed));
-        metrics_->tokens_sampled->Increment(static_cast<double>(exec.last_sampled()));
-        metrics_->drafts_accepted->Increment(static_cast<double>(exec.last_accepted()));
-        metrics_->compute_seconds->Observe(r->compute_time_us() * 1e-6);
-        metrics_->collective_seconds->Observe(r->collective_time_us() * 1e-6);
+        metrics_->tokens_sampled->Increment(static_cast<double>(exec->last_sampled()));
+        metrics_->drafts_accepted->Increment(static_cast<double>(exec->last_accepted()));
+        metrics_->compute_seconds->Observe(r.compute_time_us() * 1e-6);
+        metrics_->collective_seconds->Observe(r.collective_time_us() * 1e-6);
       }
-      metrics_->lanes->Set(static_cast<double>(exec.num_lanes()));
+      metrics_->lanes->Set(static_cast<double>(num_lanes()));
     }
-    if (r->has_error()) {
-      RL_LOG(WARNING) << "round " << plan.round_id() << " rejected: " << r->error().message();
+    if (r.has_error()) {
+      RL_LOG(WARNING) << "round " << plan.round_id() << " rejected: " << r.error().message();
     }
     ++rounds;
-    if (!stream->Write(*r)) break;  // the client went away
+    if (!stream->Write(r)) break;  // the client went away
   }
   if (metrics_) metrics_->lanes->Set(0);
   RL_LOG(INFO) << "Rounds stream from " << ctx->peer() << " ended after " << rounds << " rounds, "
-               << exec.num_lanes() << " lanes dropped"
+               << num_lanes() << " lanes dropped"
                << (end.ok() ? "" : absl::StrCat(": ", end.error_message()));
   return end;
 }
@@ -193,13 +184,12 @@ grpc::Status WorkerService::ExportKvBlocks(grpc::ServerContext* ctx,
   }
   const int64_t chunk = req->max_chunk_bytes() > 0 ? req->max_chunk_bytes() : kDefaultChunkBytes;
   std::vector<uint8_t> payload;
+  const StepLoop::CancelledFn cancelled = [ctx] { return ctx->IsCancelled(); };
   for (int i = 0; i < req->block_ids_size(); ++i) {
     if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
-    {
-      absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
-      if (!lease.ok()) return services::ToGrpcStatus(lease.status());
-      absl::Status st = lease->formation().backend->ExportKvBlock(req->block_ids(i), &payload);
-      if (!st.ok()) return services::ToGrpcStatus(st);
+    if (absl::Status st = group_->steps().ExportBlock(req->block_ids(i), &payload, cancelled);
+        !st.ok()) {
+      return services::ToGrpcStatus(st);
     }
     const uint64_t sum = XXH64(payload.data(), payload.size(), 0);
     const v1::BlockKey key = KeyFor(req->prefix_hashes_size() ? req->prefix_hashes(i) : "");
@@ -220,9 +210,10 @@ grpc::Status WorkerService::ExportKvBlocks(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::ImportKvBlocks(grpc::ServerContext*,
+grpc::Status WorkerService::ImportKvBlocks(grpc::ServerContext* ctx,
                                            grpc::ServerReader<v1::KvBlockChunk>* reader,
                                            v1::ImportKvBlocksResponse* resp) {
+  const StepLoop::CancelledFn cancelled = [ctx] { return ctx->IsCancelled(); };
   auto fail = [](grpc::StatusCode code, const std::string& msg) { return grpc::Status(code, msg); };
   v1::KvBlockChunk c;
   std::string payload;
@@ -236,11 +227,10 @@ grpc::Status WorkerService::ImportKvBlocks(grpc::ServerContext*,
       return fail(grpc::StatusCode::DATA_LOSS,
                   absl::StrCat("block ", block, ": payload checksum mismatch"));
     }
-    absl::StatusOr<GroupMember::Lease> lease = group_->Acquire();
-    if (!lease.ok()) return services::ToGrpcStatus(lease.status());
-    absl::Status st = lease->formation().backend->ImportKvBlock(
+    absl::Status st = group_->steps().ImportBlock(
         block,
-        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()),
+        cancelled);
     if (!st.ok()) return services::ToGrpcStatus(st);
     ++blocks;
     bytes += static_cast<int64_t>(payload.size());

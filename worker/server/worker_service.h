@@ -1,7 +1,10 @@
 // The gRPC Worker service of one rank (proto/ringlane/v1/worker.proto): model
-// and shard info, the Rounds stream, KV block export and import. Rounds run
-// on the group's current formation (GroupMember); a stream is tied to the
-// epoch it started in and ends with UNAVAILABLE when the group breaks.
+// and shard info, the Rounds stream, KV block export and import. Its handlers
+// only enqueue operations on the group's step loop (GroupMember::steps()),
+// which runs them in order on the current formation, and wait for the
+// results. A stream is tied to the epoch it started in and ends with
+// UNAVAILABLE when the group breaks. Called on gRPC's handler threads;
+// thread-safe.
 #ifndef RINGLANE_WORKER_SERVER_WORKER_SERVICE_H_
 #define RINGLANE_WORKER_SERVER_WORKER_SERVICE_H_
 

@@ -161,4 +161,10 @@ std::unique_ptr<Backend> CreateCpuBackend(std::shared_ptr<const ModelWeights> mo
   return std::make_unique<CpuBackend>(std::move(model), options);
 }
 
+absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard& shard,
+                                        const KvPoolSpec& spec) {
+  // The pool AllocateKvPool would make is a KvCache of exactly this shape.
+  return KvCache::BlockBytes(config.layers, shard.kv_heads, config.head_dim, spec);
+}
+
 }  // namespace ringlane::worker

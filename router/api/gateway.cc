@@ -1,0 +1,395 @@
+#include "router/api/gateway.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+#include "router/request/errors.h"
+#include "services/log.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+using nlohmann::json;
+using openai::ApiError;
+
+namespace {
+
+constexpr std::string_view kJson = "application/json";
+
+// Text exposition from nlohmann::json. Router text is valid UTF-8 by
+// construction; `replace` keeps a stray byte from throwing mid-stream.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+ApiError Error(int status, std::string type, std::string message, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+// Holds one of a key's concurrent-request slots for a handler's lifetime.
+class KeySlot {
+ public:
+  KeySlot(absl::Mutex* mu, std::map<std::string, int>* counts, std::string key)
+      : mu_(mu), counts_(counts), key_(std::move(key)) {}
+  ~KeySlot() {
+    if (!held_) return;
+    absl::MutexLock l(mu_);
+    if (--(*counts_)[key_] == 0) counts_->erase(key_);
+  }
+  bool Acquire(int limit) {
+    absl::MutexLock l(mu_);
+    int& n = (*counts_)[key_];
+    if (limit > 0 && n >= limit) return false;
+    ++n;
+    held_ = true;
+    return true;
+  }
+
+ private:
+  absl::Mutex* mu_;
+  std::map<std::string, int>* counts_;
+  std::string key_;
+  bool held_ = false;
+};
+
+}  // namespace
+
+Gateway::Gateway(Router* router, GatewayOptions options)
+    : router_(router), options_(std::move(options)) {
+  prometheus::Registry& r = *router_->metrics_registry();
+  http_requests_ = &prometheus::BuildCounter()
+                        .Name("ringlane_http_requests_total")
+                        .Help("HTTP requests answered by the gateway, by endpoint and status")
+                        .Register(r);
+  http_in_flight_ = &prometheus::BuildGauge()
+                         .Name("ringlane_http_requests_in_flight")
+                         .Help("HTTP requests being handled now")
+                         .Register(r)
+                         .Add({});
+  client_disconnects_ = &prometheus::BuildCounter()
+                             .Name("ringlane_http_client_disconnects_total")
+                             .Help("Generation requests whose client went away before the end")
+                             .Register(r)
+                             .Add({});
+  auto generate = [this](openai::Endpoint e) -> Handler {
+    return [this, e](const HttpRequest& r, HttpResponder& o, const std::string& key) {
+      return Generate(e, r, o, key);
+    };
+  };
+  const Handler tokenize = [this](const HttpRequest& r, HttpResponder& o, const std::string&) {
+    return Tokenize(r, o);
+  };
+  const Handler detokenize = [this](const HttpRequest& r, HttpResponder& o, const std::string&) {
+    return Detokenize(r, o);
+  };
+  routes_ = {
+      {"/metrics", {"GET", [this](auto&, HttpResponder& o, auto&) { return Metrics(o); }}},
+      {"/v1/models", {"GET", [this](auto&, HttpResponder& o, auto&) { return Models(o); }}},
+      {"/v1/completions", {"POST", generate(openai::Endpoint::kCompletions)}},
+      {"/v1/chat/completions", {"POST", generate(openai::Endpoint::kChatCompletions)}},
+      {"/tokenize", {"POST", tokenize}},
+      {"/v1/tokenize", {"POST", tokenize}},
+      {"/detokenize", {"POST", detokenize}},
+      {"/v1/detokenize", {"POST", detokenize}},
+  };
+}
+
+absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(Router* router, GatewayOptions options) {
+  std::unique_ptr<Gateway> g(new Gateway(router, options));
+  HttpServerOptions so;
+  so.listen = options.listen;
+  so.max_body_bytes = options.max_body_bytes;
+  so.max_connections = options.max_connections;
+  so.idle_timeout = options.idle_timeout;
+  so.error_body = [](int status, std::string_view message) {
+    ApiError e = Error(status, status == 413 ? "invalid_request_error" : "server_error",
+                       std::string(message));
+    if (status < 500) e.type = "invalid_request_error";
+    return openai::ErrorJson(e);
+  };
+  Gateway* self = g.get();
+  auto server = HttpServer::Start(
+      std::move(so),
+      [self](const HttpRequest& req, HttpResponder& out) { self->Handle(req, out); });
+  if (!server.ok()) return server.status();
+  g->server_ = std::move(*server);
+  return g;
+}
+
+Gateway::~Gateway() { Shutdown(absl::Now()); }
+
+void Gateway::Drain(absl::Time deadline) {
+  BeginDrain();
+  while (generating_.load() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  Shutdown(deadline);
+}
+
+void Gateway::Shutdown(absl::Time deadline) {
+  draining_.store(true);
+  if (server_) server_->Shutdown(deadline);
+}
+
+int Gateway::SendError(HttpResponder& out, const ApiError& e) {
+  HttpHeaders h;
+  if (e.status == 429 || e.status == 503)
+    h.emplace_back("Retry-After", std::to_string(options_.retry_after_s));
+  out.Send(e.status, kJson, openai::ErrorJson(e), h);
+  return e.status;
+}
+
+void Gateway::Handle(const HttpRequest& req, HttpResponder& out) {
+  http_in_flight_->Increment();
+  std::string endpoint = "other";
+  int status = 500;
+  Route(req, out, &endpoint, &status);
+  http_in_flight_->Decrement();
+  http_requests_->Add({{"endpoint", endpoint}, {"status", std::to_string(status)}}).Increment();
+}
+
+absl::StatusOr<std::string> Gateway::Authenticate(const HttpRequest& req) const {
+  if (options_.api_keys.empty()) return std::string();
+  const std::string auth = req.Header("authorization");
+  const std::string kBearer = "Bearer ";
+  if (auth.empty()) {
+    return absl::UnauthenticatedError("no API key: send it as 'Authorization: Bearer KEY'");
+  }
+  if (!absl::StartsWith(auth, kBearer)) {
+    return absl::UnauthenticatedError("the Authorization header must be 'Bearer KEY'");
+  }
+  std::string key = auth.substr(kBearer.size());
+  if (options_.api_keys.count(key) == 0) return absl::UnauthenticatedError("invalid API key");
+  return key;
+}
+
+void Gateway::Route(const HttpRequest& req, HttpResponder& out, std::string* endpoint,
+                    int* status) {
+  const std::string& path = req.path;
+  if (path == "/health") {
+    *endpoint = path;
+    // Liveness: answered by the HTTP thread, whatever the engine is doing.
+    out.Send(200, kJson, R"({"status":"ok"})");
+    *status = 200;
+    return;
+  }
+  if (path == "/ready") {
+    *endpoint = path;
+    const bool ready = !draining_.load() && router_->any_ready();
+    json j = {{"ready", ready},
+              {"status", draining_.load() ? "draining"
+                         : ready          ? "ready"
+                                          : "no worker group is ready"}};
+    *status = ready ? 200 : 503;
+    out.Send(*status, kJson, Dump(j));
+    return;
+  }
+  auto route = routes_.find(path);
+  if (route != routes_.end()) *endpoint = path;
+  std::string key;
+  if (path != "/metrics" || options_.metrics_require_key) {
+    absl::StatusOr<std::string> k = Authenticate(req);
+    if (!k.ok()) {
+      *status = SendError(out, openai::ErrorFromStatus(k.status()));
+      return;
+    }
+    key = std::move(*k);
+  }
+  if (route == routes_.end()) {
+    *status = SendError(out, Error(404, "not_found_error", absl::StrCat("no route ", path)));
+  } else if (req.method != route->second.method) {
+    *status = SendError(
+        out, Error(405, "invalid_request_error",
+                   absl::StrCat("use ", std::string(route->second.method), " for ", path)));
+  } else {
+    *status = route->second.handle(req, out, key);
+  }
+}
+
+int Gateway::Metrics(HttpResponder& out) {
+  const std::string text =
+      prometheus::TextSerializer().Serialize(router_->metrics_registry()->Collect());
+  out.Send(200, "text/plain; version=0.0.4; charset=utf-8", text);
+  return 200;
+}
+
+int Gateway::Models(HttpResponder& out) {
+  json data = json::array();
+  if (std::optional<ModelDescription> m = router_->model()) {
+    data.push_back({{"id", m->model_id},
+                    {"object", "model"},
+                    {"created", router_->created_unix_s()},
+                    {"owned_by", "ringlane"},
+                    {"max_model_len", m->max_context_tokens}});
+  }
+  out.Send(200, kJson, Dump({{"object", "list"}, {"data", std::move(data)}}));
+  return 200;
+}
+
+int Gateway::Tokenize(const HttpRequest& req, HttpResponder& out) {
+  absl::StatusOr<v1::TokenizeRequest> r = openai::ParseTokenizeRequest(req.body);
+  if (!r.ok()) return SendError(out, openai::ErrorFromStatus(r.status()));
+  absl::StatusOr<v1::TokenizeResponse> t = router_->Tokenize(*r);
+  if (!t.ok()) return SendError(out, openai::ErrorFromStatus(t.status()));
+  json j = {{"tokens", t->token_ids()},
+            {"count", t->token_ids_size()},
+            {"max_model_len", t->max_context_tokens()}};
+  out.Send(200, kJson, Dump(j));
+  return 200;
+}
+
+int Gateway::Detokenize(const HttpRequest& req, HttpResponder& out) {
+  auto r = openai::ParseDetokenizeRequest(req.body);
+  if (!r.ok()) return SendError(out, openai::ErrorFromStatus(r.status()));
+  std::optional<ModelDescription> m = router_->model();
+  if (!r->first.empty() && m && r->first != m->model_id) {
+    return SendError(out, openai::ErrorFromStatus(UnknownModelError(r->first, m->model_id)));
+  }
+  absl::StatusOr<std::string> text = router_->tokenizer().Decode(r->second);
+  if (!text.ok()) {
+    return SendError(out, openai::ErrorFromStatus(absl::InvalidArgumentError(
+                              absl::StrCat("tokens: ", text.status().message()))));
+  }
+  out.Send(200, kJson, Dump({{"prompt", openai::ValidUtf8(*text)}}));
+  return 200;
+}
+
+int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpResponder& out,
+                      const std::string& key) {
+  if (draining_.load()) {
+    return SendError(out, Error(503, "service_unavailable_error",
+                                "the router is shutting down; retry on another replica"));
+  }
+  absl::StatusOr<openai::ParsedRequest> parsed =
+      openai::ParseRequest(endpoint, req.body, req.Header("x-session-id"));
+  if (!parsed.ok()) return SendError(out, openai::ErrorFromStatus(parsed.status()));
+  generating_.fetch_add(1);
+  struct Done {
+    std::atomic<int>* n;
+    ~Done() { n->fetch_sub(1); }
+  } done_guard{&generating_};
+  KeySlot slot(&mu_, &running_per_key_, key);
+  if (!slot.Acquire(options_.max_concurrent_per_key)) {
+    return SendError(
+        out, Error(429, "rate_limit_error",
+                   absl::StrCat("this API key already has ", options_.max_concurrent_per_key,
+                                " requests in progress (--max_concurrent_per_key)"),
+                   "rate_limit_exceeded"));
+  }
+  const std::string client_id = req.Header("x-request-id");
+  std::vector<PreparedRequest> prepared;
+  for (size_t i = 0; i < parsed->prompts.size(); ++i) {
+    v1::GenerateRequest& g = parsed->prompts[i];
+    if (g.request_id().empty() && !client_id.empty()) {
+      g.set_request_id(parsed->prompts.size() == 1 ? client_id : absl::StrCat(client_id, "-", i));
+    }
+    absl::StatusOr<PreparedRequest> p = router_->Prepare(g);
+    if (!p.ok()) {
+      ApiError e = openai::ErrorFromStatus(p.status());
+      if (parsed->prompts.size() > 1 && e.status == 400) {
+        e.message = absl::StrCat("prompt[", i, "]: ", e.message);
+      }
+      return SendError(out, e);
+    }
+    prepared.push_back(std::move(*p));
+  }
+  const std::string request_id = prepared.front().request_id;
+  if (!parsed->user.empty()) {
+    RL_LOG(DEBUG) << "request " << request_id << " from user '" << parsed->user << "'";
+  }
+  // Every queue of the request wakes this one handler: it sleeps until any
+  // of them has news (or a client check is due), never polling each.
+  auto notifier = std::make_shared<ResponseNotifier>();
+  std::vector<std::shared_ptr<ResponseQueue>> queues;
+  auto cancel_all = [&queues] {
+    for (auto& q : queues) q->Cancel();
+  };
+  for (PreparedRequest& p : prepared) {
+    auto q = std::make_shared<ResponseQueue>(notifier);
+    if (absl::Status st = router_->Submit(std::move(p), q); !st.ok()) {
+      cancel_all();
+      return SendError(out, openai::ErrorFromStatus(st));
+    }
+    queues.push_back(std::move(q));
+  }
+
+  const bool chat = endpoint == openai::Endpoint::kChatCompletions;
+  const std::string served = router_->model() ? router_->model()->model_id : parsed->model;
+  openai::ResponseBuilder builder(*parsed, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id),
+                                  absl::ToUnixSeconds(absl::Now()), served,
+                                  static_cast<int>(queues.size()), router_->tokenizer());
+  const HttpHeaders headers = {{"X-Request-Id", request_id}};
+  auto send_event = [&out](const json& j) { return out.Write("data: " + Dump(j) + "\n\n"); };
+  auto gone = [&] {
+    cancel_all();
+    client_disconnects_->Increment();
+    RL_LOG(INFO) << "request " << request_id << ": the client went away; its lanes are freed";
+    return 499;  // nginx's "client closed request": nothing more was sent
+  };
+
+  if (parsed->stream) {
+    if (!out.StartStream(200, "text/event-stream",
+                         {{"Cache-Control", "no-cache"}, {"X-Request-Id", request_id}})) {
+      return gone();
+    }
+    for (const json& c : builder.OpeningChunks()) {
+      if (!send_event(c)) return gone();
+    }
+  }
+  std::vector<bool> done(queues.size(), false);
+  size_t left = queues.size();
+  absl::Status failure;
+  std::vector<v1::GenerateResponse> msgs;
+  uint64_t seen = 0;
+  while (left > 0) {
+    // Taken before draining, so news that lands while draining wakes the wait.
+    seen = notifier->events();
+    for (size_t i = 0; i < queues.size(); ++i) {
+      if (done[i]) continue;
+      msgs.clear();
+      absl::Status st;
+      const bool finished = queues[i]->Take(absl::ZeroDuration(), &msgs, &st);
+      for (const v1::GenerateResponse& m : msgs) {
+        std::vector<json> chunks = builder.Add(static_cast<int>(i), m);
+        if (!parsed->stream) continue;
+        for (const json& c : chunks) {
+          if (!send_event(c)) return gone();
+        }
+      }
+      if (finished) {
+        done[i] = true;
+        --left;
+        if (!st.ok() && failure.ok()) failure = st;
+      }
+    }
+    if (!failure.ok()) break;
+    if (out.ClientGone()) return gone();
+    if (left > 0) notifier->Wait(&seen, absl::Milliseconds(20));
+  }
+  if (!failure.ok()) {
+    cancel_all();
+    ApiError e = openai::ErrorFromStatus(failure);
+    RL_LOG(WARNING) << "request " << request_id << " failed: " << failure;
+    if (!parsed->stream) return SendError(out, e);
+    // Headers are out: the error travels as an event, as OpenAI's does.
+    json j = json::parse(openai::ErrorJson(e));
+    send_event(j);
+    out.Write("data: [DONE]\n\n");
+    out.EndStream();
+    return 200;
+  }
+  if (!parsed->stream) {
+    out.Send(200, kJson, Dump(builder.Final()), headers);
+    return 200;
+  }
+  if (parsed->include_usage && !send_event(builder.UsageChunk())) return gone();
+  if (!out.Write("data: [DONE]\n\n")) return gone();
+  out.EndStream();
+  return 200;
+}
+
+}  // namespace ringlane::router

@@ -1,0 +1,788 @@
+#include "router/api/openai_api.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "router/request/errors.h"
+#include "router/tokenizer/utf8.h"
+
+namespace ringlane::router::openai {
+
+namespace v1 = ringlane::v1;
+using nlohmann::json;
+
+std::string ValidUtf8(std::string_view bytes) { return utf8::ToValid(bytes); }
+
+std::string ErrorJson(const ApiError& e) {
+  json j = {{"error",
+             {{"message", ValidUtf8(e.message)},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+  return j.dump();
+}
+
+ApiError ErrorFromStatus(const absl::Status& status) {
+  ApiError e;
+  e.message = std::string(status.message());
+  // Messages of bad input start with the field: "max_tokens: ...".
+  const size_t colon = e.message.find(": ");
+  if (colon != std::string::npos && colon > 0 && e.message.find_first_of(" '\"", 0) > colon) {
+    e.param = e.message.substr(0, colon);
+  }
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      if (KindOf(status) == ErrorKind::kModelNotFound) {
+        e.status = 404;
+        e.type = "not_found_error";
+        e.code = "model_not_found";
+      } else {
+        e.status = 400;
+      }
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.status = 429;
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.status = 503;
+      e.type = "service_unavailable_error";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      e.status = 401;
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e.status = 403;
+      e.type = "permission_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.status = 404;
+      e.type = "not_found_error";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.status = 504;
+      e.type = "timeout_error";
+      break;
+    case absl::StatusCode::kCancelled:
+      e.status = 499;
+      e.type = "cancelled";
+      break;
+    default:
+      e.status = 500;
+      e.type = "internal_error";
+  }
+  return e;
+}
+
+std::string FinishReasonName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_LOOP:
+      return "loop";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Parsing
+
+namespace {
+
+absl::Status Bad(std::string_view field, std::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why)));
+}
+
+std::string TypeName(const json& v) {
+  if (v.is_string()) return "string";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_array()) return "array";
+  if (v.is_object()) return "object";
+  return "null";
+}
+
+absl::Status WrongType(std::string_view field, std::string_view want, const json& v) {
+  return Bad(field, absl::StrCat("expected ", std::string(want), ", got ", TypeName(v)));
+}
+
+absl::StatusOr<double> Number(const json& v, std::string_view field) {
+  if (!v.is_number()) return WrongType(field, "a number", v);
+  return v.get<double>();
+}
+
+// Integers within int64; a float with no fraction (1.0) counts, as in
+// Python's pydantic coercion that OpenAI servers use.
+absl::StatusOr<int64_t> Integer(const json& v, std::string_view field) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Bad(field, "out of range");
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d)) && std::abs(d) < 9e18) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  return WrongType(field, "an integer", v);
+}
+
+absl::StatusOr<int32_t> Int32(const json& v, std::string_view field, int64_t lo, int64_t hi) {
+  absl::StatusOr<int64_t> i = Integer(v, field);
+  if (!i.ok()) return i.status();
+  if (*i < lo || *i > hi) {
+    return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", *i));
+  }
+  return static_cast<int32_t>(*i);
+}
+
+absl::StatusOr<bool> Bool(const json& v, std::string_view field) {
+  if (!v.is_boolean()) return WrongType(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+absl::StatusOr<std::string> String(const json& v, std::string_view field) {
+  if (!v.is_string()) return WrongType(field, "a string", v);
+  return v.get<std::string>();
+}
+
+// Fields of OpenAI's API (or common extensions) not implemented here: named
+// in the 400, so that a client knows it was not ignored.
+const std::set<std::string>& UnsupportedFields() {
+  static const auto* f = new std::set<std::string>{"tools",
+                                                   "tool_choice",
+                                                   "functions",
+                                                   "function_call",
+                                                   "parallel_tool_calls",
+                                                   "response_format",
+                                                   "logit_bias",
+                                                   "suffix",
+                                                   "best_of",
+                                                   "audio",
+                                                   "modalities",
+                                                   "prediction",
+                                                   "reasoning_effort",
+                                                   "web_search_options",
+                                                   "guided_json",
+                                                   "guided_regex",
+                                                   "guided_choice",
+                                                   "guided_grammar",
+                                                   "repetition_penalty",
+                                                   "length_penalty",
+                                                   "use_beam_search",
+                                                   "min_tokens",
+                                                   "skip_special_tokens",
+                                                   "spaces_between_special_tokens",
+                                                   "truncate_prompt_tokens",
+                                                   "prompt_logprobs",
+                                                   "include_stop_str_in_output",
+                                                   "add_generation_prompt",
+                                                   "continue_final_message",
+                                                   "chat_template",
+                                                   "chat_template_kwargs",
+                                                   "documents",
+                                                   "service_tier",
+                                                   "store",
+                                                   "metadata"};
+  return *f;
+}
+
+// Unsupported fields whose value is harmless when it is the default.
+bool IsDefaultValue(const std::string& key, const json& v) {
+  if (key == "best_of") return v.is_number() && v.get<double>() == 1;
+  if (key == "logit_bias" || key == "metadata") return v.is_object() && v.empty();
+  if (key == "tools" || key == "functions") return v.is_array() && v.empty();
+  if (key == "suffix") return v.is_string() && v.get<std::string>().empty();
+  if (key == "store" || key == "parallel_tool_calls") return v.is_boolean() && !v.get<bool>();
+  if (key == "tool_choice") return v.is_string() && v.get<std::string>() == "none";
+  if (key == "response_format") {
+    return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
+  }
+  return false;
+}
+
+absl::Status ParseStop(const json& v, v1::GenerateRequest* r) {
+  if (v.is_string()) {
+    r->add_stop(v.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) return WrongType("stop", "a string or an array of strings", v);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_string()) return WrongType(absl::StrCat("stop[", i, "]"), "a string", v[i]);
+    r->add_stop(v[i].get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& v, std::string_view field) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    absl::StatusOr<int32_t> id = Int32(v[i], absl::StrCat(std::string(field), "[", i, "]"), 0,
+                                       std::numeric_limits<int32_t>::max());
+    if (!id.ok()) return id.status();
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+// prompt: a string, a list of strings, a list of token ids, or a list of
+// lists of token ids.
+absl::StatusOr<std::vector<v1::GenerateRequest>> ParsePrompts(const json& v) {
+  std::vector<v1::GenerateRequest> out;
+  if (v.is_string()) {
+    out.emplace_back().set_text(v.get<std::string>());
+    return out;
+  }
+  if (!v.is_array() || v.empty()) {
+    return Bad("prompt", v.is_array()
+                             ? "empty list"
+                             : absl::StrCat("expected a string, a list of strings or of token "
+                                            "ids, got ",
+                                            TypeName(v)));
+  }
+  if (v[0].is_number()) {
+    absl::StatusOr<std::vector<int32_t>> ids = TokenIds(v, "prompt");
+    if (!ids.ok()) return ids.status();
+    out.emplace_back().mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+    return out;
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = absl::StrCat("prompt[", i, "]");
+    if (v[i].is_string()) {
+      out.emplace_back().set_text(v[i].get<std::string>());
+    } else if (v[i].is_array() && !v[i].empty()) {
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(v[i], field);
+      if (!ids.ok()) return ids.status();
+      out.emplace_back().mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+    } else {
+      return WrongType(field, "a string or a non-empty list of token ids", v[i]);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
+  if (!v.is_array()) return WrongType("messages", "an array", v);
+  if (v.empty()) return Bad("messages", "empty list");
+  v1::ChatMessages out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string field = absl::StrCat("messages[", i, "]");
+    const json& m = v[i];
+    if (!m.is_object()) return WrongType(field, "an object", m);
+    v1::ChatMessage* msg = out.add_messages();
+    for (const auto& [key, val] : m.items()) {
+      if (val.is_null()) continue;
+      if (key == "role") {
+        absl::StatusOr<std::string> role = String(val, field + ".role");
+        if (!role.ok()) return role.status();
+        // OpenAI's "developer" messages are the system messages of older
+        // models.
+        msg->set_role(*role == "developer" ? "system" : *role);
+      } else if (key == "content") {
+        if (val.is_string()) {
+          msg->set_content(val.get<std::string>());
+        } else if (val.is_array()) {
+          std::string text;
+          for (size_t k = 0; k < val.size(); ++k) {
+            const std::string part = absl::StrCat(field, ".content[", k, "]");
+            const json& p = val[k];
+            if (!p.is_object() || !p.contains("type") || p["type"] != "text" ||
+                !p.contains("text") || !p["text"].is_string()) {
+              return Bad(part, "only {\"type\": \"text\", \"text\": ...} parts are supported");
+            }
+            text += p["text"].get<std::string>();
+          }
+          msg->set_content(text);
+        } else {
+          return WrongType(field + ".content", "a string or an array of text parts", val);
+        }
+      } else if (key == "name") {
+        // Participant names have no place in the built-in templates.
+        return Bad(field + ".name", "not supported");
+      } else {
+        return Bad(absl::StrCat(field, ".", key), "not supported");
+      }
+    }
+    if (msg->role().empty()) return Bad(field + ".role", "required");
+  }
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+absl::StatusOr<json> ParseObject(std::string_view body) {
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again for the reason (the position of the first error).
+    std::string why = "not valid JSON";
+    try {
+      const json again = json::parse(body.begin(), body.end());
+      static_cast<void>(again);
+    } catch (const json::parse_error& e) {
+      why = absl::StrCat("not valid JSON (", e.what(), ")");
+    }
+    return absl::InvalidArgumentError(absl::StrCat("body: ", why));
+  }
+  if (!j.is_object()) return WrongType("body", "a JSON object", j);
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
+                                           std::string_view session_header) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+
+  ParsedRequest p;
+  p.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  v1::GenerateRequest base;
+  v1::SamplingParams* s = base.mutable_sampling();
+  std::vector<std::string> unsupported;
+  std::vector<std::string> unknown;
+  bool has_prompt = false;
+  std::vector<v1::GenerateRequest> prompts;
+  bool have_max_tokens = false;
+  json logprobs_value;  // read after the loop: its meaning depends on the endpoint
+  json top_logprobs_value;
+
+  for (const auto& [key, v] : j.items()) {
+    if (v.is_null()) continue;
+    absl::Status st;
+    auto num = [&](auto set) {
+      absl::StatusOr<double> d = Number(v, key);
+      if (!d.ok()) return d.status();
+      set(static_cast<float>(*d));
+      return absl::OkStatus();
+    };
+    if (key == "model") {
+      absl::StatusOr<std::string> m = String(v, key);
+      if (!m.ok()) return m.status();
+      p.model = *m;
+      base.set_model(*m);
+    } else if (!chat && key == "prompt") {
+      absl::StatusOr<std::vector<v1::GenerateRequest>> ps = ParsePrompts(v);
+      if (!ps.ok()) return ps.status();
+      prompts = std::move(*ps);
+      has_prompt = true;
+    } else if (chat && key == "messages") {
+      absl::StatusOr<v1::ChatMessages> ms = ParseMessages(v);
+      if (!ms.ok()) return ms.status();
+      prompts.emplace_back();
+      *prompts.back().mutable_chat() = std::move(*ms);
+      has_prompt = true;
+    } else if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
+      absl::StatusOr<int64_t> m = Integer(v, key);
+      if (!m.ok()) return m.status();
+      if (*m < 1) return Bad(key, absl::StrCat("must be >= 1, got ", *m));
+      // Larger than any context: the router names the real limit.
+      base.set_max_tokens(
+          static_cast<int32_t>(std::min<int64_t>(*m, std::numeric_limits<int32_t>::max())));
+      have_max_tokens = true;
+    } else if (key == "temperature") {
+      st = num([&](float f) { s->set_temperature(f); });
+    } else if (key == "top_p") {
+      st = num([&](float f) { s->set_top_p(f); });
+    } else if (key == "min_p") {
+      st = num([&](float f) { s->set_min_p(f); });
+    } else if (key == "presence_penalty") {
+      st = num([&](float f) { s->set_presence_penalty(f); });
+    } else if (key == "frequency_penalty") {
+      st = num([&](float f) { s->set_frequency_penalty(f); });
+    } else if (key == "top_k") {
+      // vLLM's -1 means no limit, as 0 does here.
+      absl::StatusOr<int32_t> k = Int32(v, key, -1, std::numeric_limits<int32_t>::max());
+      if (!k.ok()) return k.status();
+      s->set_top_k(std::max(0, *k));
+    } else if (key == "seed") {
+      absl::StatusOr<int64_t> seed = Integer(v, key);
+      if (!seed.ok()) return seed.status();
+      s->set_seed(static_cast<uint64_t>(*seed));
+    } else if (key == "stop") {
+      st = ParseStop(v, &base);
+    } else if (key == "stop_token_ids") {
+      if (!v.is_array()) return WrongType(key, "an array of token ids", v);
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(v, key);
+      if (!ids.ok()) return ids.status();
+      base.mutable_stop_token_ids()->Add(ids->begin(), ids->end());
+    } else if (key == "n") {
+      absl::StatusOr<int32_t> n = Int32(v, key, 1, 1 << 20);
+      if (!n.ok()) return n.status();
+      p.n = *n;
+      base.set_n(*n);
+    } else if (key == "stream") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      p.stream = *b;
+    } else if (key == "stream_options") {
+      if (!v.is_object()) return WrongType(key, "an object", v);
+      for (const auto& [k2, v2] : v.items()) {
+        if (v2.is_null()) continue;
+        if (k2 != "include_usage") return Bad(absl::StrCat(key, ".", k2), "not supported");
+        absl::StatusOr<bool> b = Bool(v2, "stream_options.include_usage");
+        if (!b.ok()) return b.status();
+        p.include_usage = *b;
+      }
+    } else if (key == "logprobs") {
+      logprobs_value = v;
+    } else if (chat && key == "top_logprobs") {
+      top_logprobs_value = v;
+    } else if (!chat && key == "echo") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      p.echo = *b;
+      base.set_echo(*b);
+    } else if (key == "user") {
+      absl::StatusOr<std::string> u = String(v, key);
+      if (!u.ok()) return u.status();
+      p.user = *u;
+    } else if (key == "prompt_cache_key" || key == "session_id") {
+      absl::StatusOr<std::string> k = String(v, key);
+      if (!k.ok()) return k.status();
+      base.set_session_id(*k);
+    } else if (key == "request_id") {
+      absl::StatusOr<std::string> k = String(v, key);
+      if (!k.ok()) return k.status();
+      base.set_request_id(*k);
+    } else if (key == "ignore_eos") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      base.set_ignore_eos(*b);
+    } else if (key == "loop_watchdog") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      base.set_loop_watchdog(*b);
+    } else if (UnsupportedFields().count(key) > 0 || (chat && (key == "prompt" || key == "echo")) ||
+               (!chat && (key == "messages" || key == "max_completion_tokens"))) {
+      if (!IsDefaultValue(key, v)) unsupported.push_back(key);
+    } else {
+      unknown.push_back(key);
+    }
+    if (!st.ok()) return st;
+  }
+  if (!unsupported.empty()) {
+    return Bad(unsupported.front(),
+               absl::StrCat(unsupported.size() == 1 ? "this field is" : "these fields are",
+                            " not supported by this server: ", absl::StrJoin(unsupported, ", ")));
+  }
+  if (!unknown.empty()) {
+    return Bad(unknown.front(), absl::StrCat("unknown field", unknown.size() == 1 ? "" : "s", ": ",
+                                             absl::StrJoin(unknown, ", ")));
+  }
+  if (!has_prompt) return Bad(chat ? "messages" : "prompt", "required");
+  if (p.model.empty()) return Bad("model", "required");
+  if (p.include_usage && !p.stream) {
+    return Bad("stream_options", "only allowed when stream is true");
+  }
+  if (base.stop_size() > 4) {
+    return Bad("stop", absl::StrCat("at most 4 stop sequences, got ", base.stop_size()));
+  }
+
+  // logprobs: chat takes a boolean and top_logprobs in [0, 20]; completions
+  // an integer in [0, 5] that is also the number of alternatives.
+  if (chat) {
+    if (!logprobs_value.is_null()) {
+      absl::StatusOr<bool> b = Bool(logprobs_value, "logprobs");
+      if (!b.ok()) return b.status();
+      p.logprobs = *b;
+    }
+    if (!top_logprobs_value.is_null()) {
+      absl::StatusOr<int32_t> t = Int32(top_logprobs_value, "top_logprobs", 0, 20);
+      if (!t.ok()) return t.status();
+      if (!p.logprobs) return Bad("top_logprobs", "requires logprobs to be true");
+      p.top_logprobs = *t;
+    }
+  } else if (!logprobs_value.is_null()) {
+    absl::StatusOr<int32_t> t = Int32(logprobs_value, "logprobs", 0, 5);
+    if (!t.ok()) return t.status();
+    p.logprobs = true;
+    p.top_logprobs = *t;
+  }
+  if (p.logprobs && p.echo) {
+    return Bad("echo",
+               "echo with logprobs would need the prompt's logprobs, which this server "
+               "does not compute");
+  }
+  base.set_logprobs(p.logprobs);
+  s->set_logprobs(p.logprobs);
+  s->set_top_logprobs(p.top_logprobs);
+  if (!chat && !have_max_tokens) base.set_max_tokens(kCompletionsDefaultMaxTokens);
+  if (base.session_id().empty() && !session_header.empty()) {
+    base.set_session_id(std::string(session_header));
+  }
+
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    v1::GenerateRequest r = base;
+    if (prompts[i].has_chat()) {
+      *r.mutable_chat() = std::move(*prompts[i].mutable_chat());
+    } else if (prompts[i].has_token_ids()) {
+      *r.mutable_token_ids() = std::move(*prompts[i].mutable_token_ids());
+    } else {
+      r.set_text(prompts[i].text());
+    }
+    if (prompts.size() > 1 && !r.request_id().empty()) {
+      r.set_request_id(absl::StrCat(r.request_id(), "-", i));
+    }
+    p.prompts.push_back(std::move(r));
+  }
+  return p;
+}
+
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  v1::TokenizeRequest r;
+  r.set_add_special_tokens(true);
+  bool has_input = false;
+  for (const auto& [key, v] : parsed->items()) {
+    if (v.is_null()) continue;
+    if (key == "model") {
+      absl::StatusOr<std::string> m = String(v, key);
+      if (!m.ok()) return m.status();
+      r.set_model(*m);
+    } else if (key == "prompt") {
+      absl::StatusOr<std::string> t = String(v, key);
+      if (!t.ok()) return t.status();
+      r.set_text(*t);
+      has_input = true;
+    } else if (key == "messages") {
+      absl::StatusOr<v1::ChatMessages> ms = ParseMessages(v);
+      if (!ms.ok()) return ms.status();
+      *r.mutable_chat() = std::move(*ms);
+      has_input = true;
+    } else if (key == "add_special_tokens") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      r.set_add_special_tokens(*b);
+    } else {
+      return Bad(key, "unknown field");
+    }
+  }
+  if (!has_input) return Bad("prompt", "required (or messages)");
+  return r;
+}
+
+absl::StatusOr<std::pair<std::string, std::vector<int32_t>>> ParseDetokenizeRequest(
+    std::string_view body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  std::pair<std::string, std::vector<int32_t>> out;
+  bool has_tokens = false;
+  for (const auto& [key, v] : parsed->items()) {
+    if (v.is_null()) continue;
+    if (key == "model") {
+      absl::StatusOr<std::string> m = String(v, key);
+      if (!m.ok()) return m.status();
+      out.first = *m;
+    } else if (key == "tokens") {
+      if (!v.is_array()) return WrongType(key, "an array of token ids", v);
+      absl::StatusOr<std::vector<int32_t>> ids = TokenIds(v, key);
+      if (!ids.ok()) return ids.status();
+      out.second = std::move(*ids);
+      has_tokens = true;
+    } else {
+      return Bad(key, "unknown field");
+    }
+  }
+  if (!has_tokens) return Bad("tokens", "required");
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+ResponseBuilder::ResponseBuilder(const ParsedRequest& request, std::string id, int64_t created,
+                                 std::string model, int num_prompts, const Tokenizer& tokenizer)
+    : request_(request),
+      id_(std::move(id)),
+      created_(created),
+      model_(std::move(model)),
+      tokenizer_(tokenizer),
+      choices_(static_cast<size_t>(num_prompts * request.n)) {
+  for (ChoiceState& c : choices_) {
+    c.echo_pending = request.echo;
+    if (request.logprobs) {
+      c.logprobs = request.endpoint == Endpoint::kChatCompletions
+                       ? json{{"content", json::array()}}
+                       : json{{"tokens", json::array()},
+                              {"token_logprobs", json::array()},
+                              {"top_logprobs", json::array()},
+                              {"text_offset", json::array()}};
+    }
+  }
+}
+
+json ResponseBuilder::ChunkBase() const {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  json j = {{"id", id_},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", model_},
+            {"system_fingerprint", nullptr},
+            {"choices", json::array()}};
+  if (request_.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json ResponseBuilder::LogprobsOf(const v1::GenerateResponse& msg, ChoiceState& c) const {
+  auto bytes_of = [this](int32_t id) {
+    absl::StatusOr<std::string> b = tokenizer_.TokenBytes(id);
+    return b.ok() ? *b : std::string();
+  };
+  auto byte_list = [](const std::string& b) {
+    json a = json::array();
+    for (unsigned char ch : b) a.push_back(static_cast<int>(ch));
+    return a;
+  };
+  if (request_.endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const v1::LogprobEntry& e : msg.logprobs()) {
+      json top = json::array();
+      for (const v1::TokenLogprob& t : e.top_logprobs()) {
+        const std::string b = bytes_of(t.token_id());
+        top.push_back({{"token", ValidUtf8(b)}, {"logprob", t.logprob()}, {"bytes", byte_list(b)}});
+      }
+      content.push_back({{"token", ValidUtf8(e.token_bytes())},
+                         {"logprob", e.logprob()},
+                         {"bytes", byte_list(e.token_bytes())},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return json{{"content", std::move(content)}};
+  }
+  json lp = {{"tokens", json::array()},
+             {"token_logprobs", json::array()},
+             {"top_logprobs", json::array()},
+             {"text_offset", json::array()}};
+  for (const v1::LogprobEntry& e : msg.logprobs()) {
+    lp["tokens"].push_back(ValidUtf8(e.token_bytes()));
+    lp["token_logprobs"].push_back(e.logprob());
+    json top = json::object();
+    for (const v1::TokenLogprob& t : e.top_logprobs()) {
+      top[ValidUtf8(bytes_of(t.token_id()))] = t.logprob();
+    }
+    lp["top_logprobs"].push_back(std::move(top));
+    lp["text_offset"].push_back(c.text_offset);
+    c.text_offset += static_cast<int64_t>(e.token_bytes().size());
+  }
+  return lp;
+}
+
+std::vector<json> ResponseBuilder::Add(int prompt, const v1::GenerateResponse& msg) {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  const int index = prompt * request_.n + msg.index();
+  std::vector<json> chunks;
+  if (index < 0 || index >= static_cast<int>(choices_.size())) return chunks;
+  ChoiceState& c = choices_[static_cast<size_t>(index)];
+  if (msg.has_usage()) {
+    prompt_tokens_ += msg.usage().prompt_tokens();
+    completion_tokens_ += msg.usage().completion_tokens();
+    cached_tokens_ += msg.usage().cached_tokens();
+  }
+  json lp = nullptr;
+  if (c.echo_pending) {
+    // The router's first message of an echoing choice is the prompt.
+    c.echo_pending = false;
+    c.text_offset += static_cast<int64_t>(msg.text().size());
+  } else {
+    c.completion_tokens += msg.token_ids_size();
+    if (request_.logprobs && msg.logprobs_size() > 0) {
+      lp = LogprobsOf(msg, c);
+      for (auto& [k, v] : lp.items()) {
+        for (auto& x : v) c.logprobs[k].push_back(x);
+      }
+    }
+  }
+  c.text += msg.text();
+  const std::string finish = FinishReasonName(msg.finish_reason());
+  if (!finish.empty()) c.finish_reason = finish;
+  if (msg.text().empty() && finish.empty() && lp.is_null()) return chunks;
+
+  json ch = {{"index", index},
+             {"logprobs", std::move(lp)},
+             {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}};
+  if (chat) {
+    ch["delta"] = msg.text().empty() ? json::object() : json{{"content", msg.text()}};
+  } else {
+    ch["text"] = msg.text();
+  }
+  json chunk = ChunkBase();
+  chunk["choices"].push_back(std::move(ch));
+  chunks.push_back(std::move(chunk));
+  return chunks;
+}
+
+std::vector<json> ResponseBuilder::OpeningChunks() const {
+  std::vector<json> out;
+  if (request_.endpoint != Endpoint::kChatCompletions) return out;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    json chunk = ChunkBase();
+    chunk["choices"].push_back({{"index", i},
+                                {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                {"logprobs", nullptr},
+                                {"finish_reason", nullptr}});
+    out.push_back(std::move(chunk));
+  }
+  return out;
+}
+
+json ResponseBuilder::Usage() const {
+  return {{"prompt_tokens", prompt_tokens_},
+          {"completion_tokens", completion_tokens_},
+          {"total_tokens", prompt_tokens_ + completion_tokens_},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+}
+
+json ResponseBuilder::UsageChunk() const {
+  json chunk = ChunkBase();
+  chunk["usage"] = Usage();
+  return chunk;
+}
+
+json ResponseBuilder::Final() const {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const ChoiceState& c = choices_[i];
+    json ch = {{"index", i},
+               {"logprobs", request_.logprobs ? c.logprobs : json(nullptr)},
+               {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
+    if (chat) {
+      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      ch["text"] = c.text;
+    }
+    choices.push_back(std::move(ch));
+  }
+  return {{"id", id_},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", created_},
+          {"model", model_},
+          {"system_fingerprint", nullptr},
+          {"choices", std::move(choices)},
+          {"usage", Usage()}};
+}
+
+}  // namespace ringlane::router::openai

@@ -1,0 +1,401 @@
+#include "router/kv/kv_block_manager.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace ringlane::router {
+namespace {
+
+// Part of the persisted hash format (see kv_block_manager.h).
+constexpr std::string_view kChainTag = "ringlane-kv-chain-v1";
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void PutString(std::string& out, const std::string& s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out.append(s);
+}
+
+BlockHash FromXxh(XXH128_hash_t h) { return BlockHash{.high = h.high64, .low = h.low64}; }
+
+BlockHash Truncate(BlockHash h, int bits) {
+  if (bits >= 128) return h;
+  if (bits <= 64) {
+    h.high = 0;
+    if (bits < 64) h.low &= (uint64_t{1} << bits) - 1;
+  } else {
+    h.high &= (uint64_t{1} << (bits - 64)) - 1;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string BlockHash::Bytes() const {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH128_hash_t{.low64 = low, .high64 = high});
+  return std::string(reinterpret_cast<const char*>(c.digest), sizeof(c.digest));
+}
+
+BlockHash ChainRoot(const BlockIdentity& identity) {
+  std::string bytes(kChainTag);
+  PutString(bytes, identity.model_id);
+  PutString(bytes, identity.model_revision);
+  PutString(bytes, identity.kv_dtype);
+  PutString(bytes, identity.layout);
+  PutU32(bytes, static_cast<uint32_t>(identity.block_size_tokens));
+  PutU32(bytes, static_cast<uint32_t>(identity.tp_world_size));
+  return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
+}
+
+BlockHash ChainNext(const BlockHash& parent, absl::Span<const int32_t> block_tokens) {
+  std::string bytes = parent.Bytes();
+  bytes.reserve(bytes.size() + 4 * block_tokens.size());
+  for (int32_t t : block_tokens) PutU32(bytes, static_cast<uint32_t>(t));
+  return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
+}
+
+std::vector<BlockHash> ChainHashes(const BlockIdentity& identity, absl::Span<const int32_t> tokens,
+                                   size_t max_blocks) {
+  std::vector<BlockHash> out;
+  if (identity.block_size_tokens <= 0) return out;
+  const size_t block = static_cast<size_t>(identity.block_size_tokens);
+  const size_t n = std::min(max_blocks, tokens.size() / block);
+  BlockHash h = ChainRoot(identity);
+  for (size_t i = 0; i < n; ++i) {
+    h = ChainNext(h, tokens.subspan(i * block, block));
+    out.push_back(h);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<KvBlockManager>> KvBlockManager::Create(Options options) {
+  const BlockIdentity& id = options.identity;
+  if (options.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_blocks must be positive, got ", options.num_blocks));
+  }
+  if (id.block_size_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size_tokens must be positive, got ", id.block_size_tokens));
+  }
+  if (id.tp_world_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_world_size must be positive, got ", id.tp_world_size));
+  }
+  if (id.model_id.empty()) return absl::InvalidArgumentError("model_id is empty");
+  if (id.kv_dtype.empty()) return absl::InvalidArgumentError("kv_dtype is empty");
+  if (options.hash_bits_for_testing < 0 || options.hash_bits_for_testing > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hash bits must be in 0..128, got ", options.hash_bits_for_testing));
+  }
+  return std::unique_ptr<KvBlockManager>(new KvBlockManager(std::move(options)));
+}
+
+KvBlockManager::KvBlockManager(Options options)
+    : num_blocks_(options.num_blocks),
+      block_size_(options.identity.block_size_tokens),
+      identity_(std::move(options.identity)),
+      hash_bits_(options.hash_bits_for_testing),
+      root_(Truncate(ChainRoot(identity_), hash_bits_)),
+      blocks_(num_blocks_) {
+  Reset();
+  counters_.resets = 0;
+}
+
+BlockHash KvBlockManager::HashBlock(const BlockHash& parent,
+                                    absl::Span<const int32_t> block_tokens) const {
+  return Truncate(ChainNext(parent, block_tokens), hash_bits_);
+}
+
+bool KvBlockManager::LinkValid(const Link& link) const {
+  if (link.block < 0) return true;
+  const Block& b = blocks_[link.block];
+  return b.registered && b.generation == link.generation;
+}
+
+KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens,
+                                                 size_t max_blocks) const {
+  PrefixMatch match;
+  const size_t bs = static_cast<size_t>(block_size_);
+  const size_t n = std::min(max_blocks, tokens.size() / bs);
+  BlockHash hash = root_;
+  Link link;
+  for (size_t i = 0; i < n; ++i) {
+    absl::Span<const int32_t> want = tokens.subspan(i * bs, bs);
+    hash = HashBlock(hash, want);
+    auto it = index_.find(hash);
+    if (it == index_.end()) break;
+    const Block& b = blocks_[it->second];
+    // The hash only finds a candidate; the tokens and the registration link
+    // decide, so a collision is a miss and never someone else's KV.
+    if (b.parent != link ||
+        !std::equal(want.begin(), want.end(), b.tokens.begin(), b.tokens.end())) {
+      break;
+    }
+    match.block_ids.push_back(it->second);
+    link = Link{.block = it->second, .generation = b.generation};
+  }
+  match.cached_tokens = static_cast<int64_t>(match.block_ids.size()) * block_size_;
+  return match;
+}
+
+KvBlockManager::PrefixMatch KvBlockManager::MatchPrefix(absl::Span<const int32_t> tokens) const {
+  // The last token is always recomputed: its logits give the first sample.
+  const size_t max_blocks = tokens.empty() ? 0 : (tokens.size() - 1) / block_size_;
+  return Walk(tokens, max_blocks);
+}
+
+std::optional<int64_t> KvBlockManager::BlocksFor(int64_t num_positions) const {
+  // Compared before rounding up so that a huge request cannot overflow.
+  if (num_positions > static_cast<int64_t>(num_blocks_) * block_size_) return std::nullopt;
+  return (num_positions + block_size_ - 1) / block_size_;
+}
+
+BlockId KvBlockManager::TakeBlock() {
+  BlockId id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = lru_.front();
+    lru_.pop_front();
+    Unregister(id);
+    ++counters_.evictions;
+  }
+  blocks_[id].ref_count = 1;
+  return id;
+}
+
+void KvBlockManager::Unregister(BlockId id) {
+  Block& b = blocks_[id];
+  index_.erase(b.hash);
+  b.registered = false;
+  b.tokens.clear();
+  b.tokens.shrink_to_fit();
+  b.parent = Link{};
+}
+
+absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const int32_t> prompt,
+                                                 int64_t num_positions) {
+  if (lanes_.contains(lane)) {
+    return absl::AlreadyExistsError(absl::StrCat("lane ", lane, " already has blocks"));
+  }
+  if (num_positions < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_positions must be >= 0, got ", num_positions));
+  }
+  PrefixMatch match = MatchPrefix(prompt);
+  const int64_t matched = static_cast<int64_t>(match.block_ids.size());
+  std::optional<int64_t> needed = BlocksFor(std::max(num_positions, match.cached_tokens));
+  // Matched blocks that sit in the LRU are about to be referenced, so they
+  // cannot also be evicted to make room.
+  int64_t matched_evictable = 0;
+  for (BlockId id : match.block_ids) matched_evictable += blocks_[id].ref_count == 0;
+  const int64_t supply = static_cast<int64_t>(free_.size() + lru_.size()) - matched_evictable;
+  if (!needed.has_value() || *needed - matched > supply) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV pool cannot cover ", num_positions, " positions of lane ", lane, ": ", supply,
+        " blocks of ", block_size_, " tokens available beyond ", matched, " cached"));
+  }
+
+  Lane& l = lanes_[lane];
+  l.chain_hash = root_;
+  for (BlockId id : match.block_ids) {
+    Block& b = blocks_[id];
+    if (b.ref_count++ == 0) lru_.erase(b.lru_pos);
+    l.blocks.push_back(id);
+    l.chain_hash = b.hash;
+    l.chain_link = Link{.block = id, .generation = b.generation};
+    l.committed_tokens.insert(l.committed_tokens.end(), b.tokens.begin(), b.tokens.end());
+  }
+  l.committed_blocks = static_cast<int32_t>(matched);
+  for (int64_t i = matched; i < *needed; ++i) l.blocks.push_back(TakeBlock());
+
+  counters_.hit_tokens += match.cached_tokens;
+  counters_.miss_tokens += static_cast<int64_t>(prompt.size()) - match.cached_tokens;
+  return match.cached_tokens;
+}
+
+absl::Status KvBlockManager::AppendSlots(LaneId lane, int64_t num_positions) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  if (num_positions < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_positions must be >= 0, got ", num_positions));
+  }
+  Lane& l = it->second;
+  std::optional<int64_t> needed = BlocksFor(num_positions);
+  const int64_t have = static_cast<int64_t>(l.blocks.size());
+  const int64_t supply = static_cast<int64_t>(free_.size() + lru_.size());
+  if (!needed.has_value() || *needed - have > supply) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV pool cannot grow lane ", lane, " to ", num_positions,
+                     " positions: ", supply, " blocks of ", block_size_, " tokens available"));
+  }
+  for (int64_t i = have; i < *needed; ++i) l.blocks.push_back(TakeBlock());
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockManager::TrimSlots(LaneId lane, int64_t num_positions) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  Lane& l = it->second;
+  const int64_t committed = int64_t{l.committed_blocks} * block_size_;
+  if (num_positions < committed) {
+    return absl::InvalidArgumentError(absl::StrCat("lane ", lane, " cannot roll back to ",
+                                                   num_positions, " positions below its ",
+                                                   committed, " committed ones"));
+  }
+  const int64_t keep = (num_positions + block_size_ - 1) / block_size_;
+  while (static_cast<int64_t>(l.blocks.size()) > keep) {
+    // Past the committed blocks every block is the lane's private one.
+    Block& block = blocks_[l.blocks.back()];
+    if (--block.ref_count == 0) free_.push_back(l.blocks.back());
+    l.blocks.pop_back();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int32_t> tokens) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  Lane& l = it->second;
+  const size_t bs = static_cast<size_t>(block_size_);
+  if (tokens.size() > l.blocks.size() * bs) {
+    return absl::InvalidArgumentError(absl::StrCat("lane ", lane, " has blocks for ",
+                                                   l.blocks.size() * bs, " positions, not ",
+                                                   tokens.size()));
+  }
+  if (tokens.size() < l.committed_tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("lane ", lane, " already committed ",
+                                                   l.committed_tokens.size(), " tokens, got ",
+                                                   tokens.size()));
+  }
+  const size_t full = tokens.size() / bs;
+  if (full <= static_cast<size_t>(l.committed_blocks)) return absl::OkStatus();
+  // Registering KV under tokens it was not computed from would poison every
+  // later hit, so a caller passing another sequence is refused outright.
+  if (!std::equal(l.committed_tokens.begin(), l.committed_tokens.end(), tokens.begin())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens differ from the ones lane ", lane, " committed before"));
+  }
+
+  for (size_t i = l.committed_blocks; i < full; ++i) {
+    absl::Span<const int32_t> blk = tokens.subspan(i * bs, bs);
+    const BlockHash hash = HashBlock(l.chain_hash, blk);
+    // The parent registration can have been evicted meanwhile when it was
+    // another lane's copy; children of a gone parent could never match.
+    if (l.chain_open && !LinkValid(l.chain_link)) l.chain_open = false;
+    if (l.chain_open) {
+      auto found = index_.find(hash);
+      if (found == index_.end()) {
+        const BlockId id = l.blocks[i];
+        Block& b = blocks_[id];
+        b.registered = true;
+        b.hash = hash;
+        b.parent = l.chain_link;
+        b.generation = next_generation_++;
+        b.tokens.assign(blk.begin(), blk.end());
+        index_.emplace(hash, id);
+        l.chain_link = Link{.block = id, .generation = b.generation};
+      } else {
+        Block& existing = blocks_[found->second];
+        if (existing.parent == l.chain_link &&
+            std::equal(blk.begin(), blk.end(), existing.tokens.begin(), existing.tokens.end())) {
+          // Same content computed twice (equal prompts in flight together):
+          // keep the lane's copy private rather than swap ids under rounds
+          // in flight, and count the registered one as used.
+          if (existing.ref_count == 0) lru_.splice(lru_.end(), lru_, existing.lru_pos);
+          l.chain_link = Link{.block = found->second, .generation = existing.generation};
+        } else {
+          ++counters_.hash_collisions;
+          l.chain_open = false;
+        }
+      }
+    }
+    l.chain_hash = hash;
+    l.committed_tokens.insert(l.committed_tokens.end(), blk.begin(), blk.end());
+    ++l.committed_blocks;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockManager::Release(LaneId lane) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  const std::vector<BlockId>& table = it->second.blocks;
+  // Tail first, so the LRU evicts a chain from its end and keeps the shared
+  // head longest.
+  for (auto b = table.rbegin(); b != table.rend(); ++b) {
+    Block& block = blocks_[*b];
+    if (--block.ref_count > 0) continue;
+    if (block.registered) {
+      block.lru_pos = lru_.insert(lru_.end(), *b);
+    } else {
+      free_.push_back(*b);
+    }
+  }
+  lanes_.erase(it);
+  return absl::OkStatus();
+}
+
+void KvBlockManager::Reset() {
+  lanes_.clear();
+  index_.clear();
+  lru_.clear();
+  free_.clear();
+  for (Block& b : blocks_) b = Block{};
+  // Descending, so that the stack hands out block 0 first.
+  for (BlockId id = num_blocks_ - 1; id >= 0; --id) free_.push_back(id);
+  ++counters_.resets;
+}
+
+absl::StatusOr<absl::Span<const BlockId>> KvBlockManager::BlockTable(LaneId lane) const {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  return absl::Span<const BlockId>(it->second.blocks);
+}
+
+absl::StatusOr<int64_t> KvBlockManager::CommittedPositions(LaneId lane) const {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  return static_cast<int64_t>(it->second.committed_tokens.size());
+}
+
+std::optional<BlockHash> KvBlockManager::RegisteredHash(BlockId block) const {
+  if (block < 0 || block >= num_blocks_ || !blocks_[block].registered) return std::nullopt;
+  return blocks_[block].hash;
+}
+
+int32_t KvBlockManager::available_blocks() const {
+  return static_cast<int32_t>(free_.size() + lru_.size());
+}
+
+KvBlockStats KvBlockManager::stats() const {
+  KvBlockStats s = counters_;
+  s.num_blocks = num_blocks_;
+  s.free_blocks = static_cast<int32_t>(free_.size());
+  s.evictable_blocks = static_cast<int32_t>(lru_.size());
+  s.in_use_blocks = num_blocks_ - s.free_blocks - s.evictable_blocks;
+  s.cached_blocks = static_cast<int32_t>(index_.size());
+  s.num_lanes = static_cast<int32_t>(lanes_.size());
+  return s;
+}
+
+}  // namespace ringlane::router

@@ -1,0 +1,514 @@
+#include "router/kv/kv_block_manager.h"
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ringlane::router {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::IsEmpty;
+
+constexpr int32_t kB = 4;  // block size of most tests
+
+BlockIdentity Identity() {
+  return BlockIdentity{.model_id = "stories260K",
+                       .model_revision = "",
+                       .kv_dtype = "f32",
+                       .block_size_tokens = kB,
+                       .tp_world_size = 1,
+                       .layout = ""};
+}
+
+std::unique_ptr<KvBlockManager> Make(int32_t num_blocks, int hash_bits = 128,
+                                     BlockIdentity identity = Identity()) {
+  auto m = KvBlockManager::Create({.num_blocks = num_blocks,
+                                   .identity = std::move(identity),
+                                   .hash_bits_for_testing = hash_bits});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// n consecutive token ids from `first`.
+std::vector<int32_t> Seq(int n, int32_t first) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+std::vector<BlockId> Table(const KvBlockManager& m, LaneId lane) {
+  auto t = m.BlockTable(lane);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? std::vector<BlockId>(t->begin(), t->end()) : std::vector<BlockId>{};
+}
+
+// Runs a prompt through a lane as the scheduler would: allocate it all,
+// prefill (not simulated), commit, release.
+void RunAndRelease(KvBlockManager& m, LaneId lane, const std::vector<int32_t>& prompt) {
+  ASSERT_TRUE(m.Allocate(lane, prompt, prompt.size()).ok());
+  ASSERT_TRUE(m.CommitFullBlocks(lane, prompt).ok());
+  ASSERT_TRUE(m.Release(lane).ok());
+}
+
+struct Counts {
+  int32_t free_blocks, in_use, evictable, cached;
+};
+
+void ExpectCounts(const KvBlockManager& m, Counts want) {
+  KvBlockStats s = m.stats();
+  EXPECT_EQ(s.free_blocks, want.free_blocks);
+  EXPECT_EQ(s.in_use_blocks, want.in_use);
+  EXPECT_EQ(s.evictable_blocks, want.evictable);
+  EXPECT_EQ(s.cached_blocks, want.cached);
+}
+
+TEST(KvBlockManagerTest, CreateRejectsBadOptions) {
+  struct Case {
+    const char* name;
+    std::function<void(KvBlockManager::Options&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"zero blocks", [](auto& o) { o.num_blocks = 0; }},
+      {"zero block size", [](auto& o) { o.identity.block_size_tokens = 0; }},
+      {"negative tp", [](auto& o) { o.identity.tp_world_size = -1; }},
+      {"no model id", [](auto& o) { o.identity.model_id = ""; }},
+      {"no kv dtype", [](auto& o) { o.identity.kv_dtype = ""; }},
+      {"hash bits 129", [](auto& o) { o.hash_bits_for_testing = 129; }},
+      {"hash bits -1", [](auto& o) { o.hash_bits_for_testing = -1; }},
+  };
+  for (const Case& c : cases) {
+    KvBlockManager::Options o{.num_blocks = 8, .identity = Identity()};
+    c.change(o);
+    EXPECT_EQ(KvBlockManager::Create(o).status().code(), absl::StatusCode::kInvalidArgument)
+        << c.name;
+  }
+}
+
+TEST(KvBlockManagerTest, BadCallsFailWithTheirCodeAndChangeNothing) {
+  auto m = Make(4);
+  const std::vector<int32_t> prompt = Seq(6, 10);
+  ASSERT_EQ(*m->Allocate(1, prompt, 6), 0);
+  const std::vector<BlockId> table = Table(*m, 1);
+
+  struct Case {
+    const char* name;
+    std::function<absl::Status()> call;
+    absl::StatusCode code;
+  };
+  const std::vector<Case> cases = {
+      {"release unknown lane", [&] { return m->Release(99); }, absl::StatusCode::kNotFound},
+      {"append unknown lane", [&] { return m->AppendSlots(99, 4); }, absl::StatusCode::kNotFound},
+      {"commit unknown lane", [&] { return m->CommitFullBlocks(99, prompt); },
+       absl::StatusCode::kNotFound},
+      {"table of unknown lane", [&] { return m->BlockTable(99).status(); },
+       absl::StatusCode::kNotFound},
+      {"committed of unknown lane", [&] { return m->CommittedPositions(99).status(); },
+       absl::StatusCode::kNotFound},
+      {"allocate known lane", [&] { return m->Allocate(1, prompt, 6).status(); },
+       absl::StatusCode::kAlreadyExists},
+      {"allocate negative", [&] { return m->Allocate(2, prompt, -1).status(); },
+       absl::StatusCode::kInvalidArgument},
+      {"allocate beyond pool", [&] { return m->Allocate(2, Seq(17, 0), 17).status(); },
+       absl::StatusCode::kResourceExhausted},
+      {"trim unknown lane", [&] { return m->TrimSlots(99, 4); }, absl::StatusCode::kNotFound},
+      {"append negative", [&] { return m->AppendSlots(1, -1); },
+       absl::StatusCode::kInvalidArgument},
+      {"append beyond pool", [&] { return m->AppendSlots(1, 4 * kB + 1); },
+       absl::StatusCode::kResourceExhausted},
+      {"append int64 max", [&] { return m->AppendSlots(1, std::numeric_limits<int64_t>::max()); },
+       absl::StatusCode::kResourceExhausted},
+      {"commit past the table", [&] { return m->CommitFullBlocks(1, Seq(2 * kB + 1, 10)); },
+       absl::StatusCode::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.call().code(), c.code) << c.name;
+    EXPECT_EQ(Table(*m, 1), table) << c.name;
+    ExpectCounts(*m, {.free_blocks = 2, .in_use = 2, .evictable = 0, .cached = 0});
+    EXPECT_EQ(m->stats().num_lanes, 1) << c.name;
+  }
+  EXPECT_EQ(m->stats().miss_tokens, 6);
+
+  // Exactly the pool fits; one more block does not, for a new lane either.
+  ASSERT_TRUE(m->AppendSlots(1, 4 * kB).ok());
+  EXPECT_EQ(m->Allocate(2, Seq(1, 0), 1).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(m->BlockTable(2).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(KvBlockManagerTest, TrimGivesBackRejectedDraftBlocksButNeverCommittedOnes) {
+  auto m = Make(8);
+  const std::vector<int32_t> prompt = Seq(5, 10);
+  ASSERT_EQ(*m->Allocate(1, prompt, 5), 0);
+  ASSERT_TRUE(m->CommitFullBlocks(1, absl::MakeConstSpan(prompt).subspan(0, 4)).ok());
+  // A verify row of 1 + 6 positions from position 5 needs blocks up to 12.
+  ASSERT_TRUE(m->AppendSlots(1, 12).ok());
+  EXPECT_EQ(Table(*m, 1).size(), 3u);
+  EXPECT_EQ(m->available_blocks(), 5);
+  // One draft accepted: positions [0, 7) stay, the third block goes back.
+  ASSERT_TRUE(m->TrimSlots(1, 7).ok());
+  EXPECT_EQ(Table(*m, 1).size(), 2u);
+  EXPECT_EQ(m->available_blocks(), 6);
+  // Trimming to more than the table holds changes nothing.
+  ASSERT_TRUE(m->TrimSlots(1, 8).ok());
+  EXPECT_EQ(Table(*m, 1).size(), 2u);
+  // The committed block is final.
+  EXPECT_EQ(m->TrimSlots(1, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Table(*m, 1).size(), 2u);
+  ASSERT_TRUE(m->Release(1).ok());
+  EXPECT_EQ(m->available_blocks(), 8);
+}
+
+TEST(KvBlockManagerTest, CommitRejectsTokensThatDisagreeWithTheLane) {
+  auto m = Make(8);
+  const std::vector<int32_t> prompt = Seq(9, 10);
+  ASSERT_TRUE(m->Allocate(1, prompt, 9).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, prompt).ok());
+  EXPECT_EQ(*m->CommittedPositions(1), 8);
+  const KvBlockStats before = m->stats();
+
+  std::vector<int32_t> other = prompt;
+  other[2] += 1;
+  ASSERT_TRUE(m->AppendSlots(1, 12).ok());
+  other.insert(other.end(), {1, 2, 3});
+  EXPECT_EQ(m->CommitFullBlocks(1, other).code(), absl::StatusCode::kInvalidArgument);
+  // Fewer tokens than already committed.
+  EXPECT_EQ(m->CommitFullBlocks(1, Seq(7, 10)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->stats().cached_blocks, before.cached_blocks);
+  EXPECT_EQ(*m->CommittedPositions(1), 8);
+}
+
+// The acceptance rule: a resend of an n-token prompt reuses exactly
+// floor((n-1)/B)*B tokens.
+TEST(KvBlockManagerTest, ResendReusesExactlyTheFullBlocksBeforeTheLastToken) {
+  struct Case {
+    int n;
+    int64_t cached;
+  };
+  for (const Case& c : std::vector<Case>{{1, 0},
+                                         {kB - 1, 0},
+                                         {kB, 0},
+                                         {kB + 1, kB},
+                                         {2 * kB, kB},
+                                         {2 * kB + 1, 2 * kB},
+                                         {5 * kB + 3, 5 * kB}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << c.n);
+    auto m = Make(16);
+    const std::vector<int32_t> prompt = Seq(c.n, 100);
+    ASSERT_EQ(*m->Allocate(1, prompt, c.n), 0);
+    const std::vector<BlockId> first = Table(*m, 1);
+    ASSERT_TRUE(m->CommitFullBlocks(1, prompt).ok());
+    ASSERT_TRUE(m->Release(1).ok());
+
+    EXPECT_EQ(m->MatchPrefix(prompt).cached_tokens, c.cached);
+    ASSERT_EQ(*m->Allocate(2, prompt, c.n), c.cached);
+    EXPECT_EQ(*m->CommittedPositions(2), c.cached);
+    const std::vector<BlockId> second = Table(*m, 2);
+    ASSERT_EQ(second.size(), first.size());
+    // The reused blocks are the very blocks the first run wrote.
+    for (int64_t i = 0; i < c.cached / kB; ++i) EXPECT_EQ(second[i], first[i]);
+    EXPECT_EQ(m->stats().hit_tokens, c.cached);
+    EXPECT_EQ(m->stats().miss_tokens, 2 * c.n - c.cached);
+  }
+}
+
+TEST(KvBlockManagerTest, EmptyPromptMatchesNothing) {
+  auto m = Make(4);
+  EXPECT_EQ(m->MatchPrefix({}).cached_tokens, 0);
+  EXPECT_EQ(*m->Allocate(1, {}, 0), 0);
+  EXPECT_THAT(Table(*m, 1), IsEmpty());
+  EXPECT_TRUE(m->CommitFullBlocks(1, {}).ok());
+  EXPECT_TRUE(m->Release(1).ok());
+}
+
+TEST(KvBlockManagerTest, SharedPrefixBlocksAreReferenceCounted) {
+  auto m = Make(8);
+  const std::vector<int32_t> a = Seq(9, 0);  // blocks 0,1 full, 2 holds one token
+  ASSERT_EQ(*m->Allocate(1, a, 9), 0);
+  ASSERT_TRUE(m->CommitFullBlocks(1, a).ok());
+  ExpectCounts(*m, {.free_blocks = 5, .in_use = 3, .evictable = 0, .cached = 2});
+
+  // Same first 8 tokens, different tail: shares two blocks, owns its last.
+  std::vector<int32_t> b = Seq(8, 0);
+  b.push_back(77);
+  ASSERT_EQ(*m->Allocate(2, b, 9), 2 * kB);
+  const std::vector<BlockId> ta = Table(*m, 1);
+  const std::vector<BlockId> tb = Table(*m, 2);
+  EXPECT_EQ(tb[0], ta[0]);
+  EXPECT_EQ(tb[1], ta[1]);
+  EXPECT_NE(tb[2], ta[2]);  // the partial last block is private
+  ExpectCounts(*m, {.free_blocks = 4, .in_use = 4, .evictable = 0, .cached = 2});
+
+  // Lane 2 still holds the shared blocks: nothing becomes evictable.
+  ASSERT_TRUE(m->Release(1).ok());
+  ExpectCounts(*m, {.free_blocks = 5, .in_use = 3, .evictable = 0, .cached = 2});
+  ASSERT_TRUE(m->Release(2).ok());
+  ExpectCounts(*m, {.free_blocks = 6, .in_use = 0, .evictable = 2, .cached = 2});
+  EXPECT_EQ(m->available_blocks(), 8);
+}
+
+TEST(KvBlockManagerTest, GrowsTablesBlockByBlock) {
+  auto m = Make(4);
+  ASSERT_EQ(*m->Allocate(1, Seq(1, 0), 1), 0);
+  EXPECT_EQ(Table(*m, 1).size(), 1u);
+  ASSERT_TRUE(m->AppendSlots(1, kB).ok());
+  EXPECT_EQ(Table(*m, 1).size(), 1u);
+  ASSERT_TRUE(m->AppendSlots(1, kB + 1).ok());
+  EXPECT_EQ(Table(*m, 1).size(), 2u);
+  ASSERT_TRUE(m->AppendSlots(1, 1).ok());  // never shrinks
+  EXPECT_THAT(Table(*m, 1), ElementsAre(0, 1));
+  ASSERT_TRUE(m->AppendSlots(1, 3 * kB + 1).ok());
+  EXPECT_THAT(Table(*m, 1), ElementsAre(0, 1, 2, 3));
+}
+
+// Three one-block sequences through a three-block pool: X, then Y, then a
+// hit on X. Making room for Z must evict Y (least recently used), not X.
+TEST(KvBlockManagerTest, EvictsLeastRecentlyUsedAndAHitRefreshes) {
+  auto m = Make(3);
+  const std::vector<int32_t> x = Seq(kB + 1, 100);
+  const std::vector<int32_t> y = Seq(kB + 1, 200);
+  RunAndRelease(*m, 1, x);
+  RunAndRelease(*m, 2, y);
+  ExpectCounts(*m, {.free_blocks = 1, .in_use = 0, .evictable = 2, .cached = 2});
+
+  ASSERT_EQ(*m->Allocate(3, x, kB + 1), kB);
+  ASSERT_TRUE(m->Release(3).ok());
+
+  ASSERT_EQ(*m->Allocate(4, Seq(2 * kB, 300), 2 * kB), 0);
+  EXPECT_EQ(m->stats().evictions, 1);
+  EXPECT_EQ(m->MatchPrefix(x).cached_tokens, kB);
+  EXPECT_EQ(m->MatchPrefix(y).cached_tokens, 0);
+
+  // Taking the rest evicts X too; then nothing is left to take.
+  ASSERT_TRUE(m->AppendSlots(4, 3 * kB).ok());
+  EXPECT_EQ(m->stats().evictions, 2);
+  EXPECT_EQ(m->MatchPrefix(x).cached_tokens, 0);
+  EXPECT_EQ(m->AppendSlots(4, 3 * kB + 1).code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A released chain is evicted from its tail, so the prefix survives longest.
+TEST(KvBlockManagerTest, EvictsAReleasedChainFromItsTail) {
+  auto m = Make(3);
+  const std::vector<int32_t> p = Seq(2 * kB + 1, 0);
+  RunAndRelease(*m, 1, p);
+  ExpectCounts(*m, {.free_blocks = 1, .in_use = 0, .evictable = 2, .cached = 2});
+  ASSERT_EQ(m->MatchPrefix(p).cached_tokens, 2 * kB);
+  ASSERT_TRUE(m->Allocate(2, Seq(2 * kB, 500), 2 * kB).ok());  // one free, one evicted
+  EXPECT_EQ(m->MatchPrefix(p).cached_tokens, kB);
+}
+
+// Matched blocks waiting in the LRU are referenced before anything is
+// evicted, so a lane cannot evict its own prefix; when the pool is short the
+// call fails and the cache is as it was.
+TEST(KvBlockManagerTest, AllocateNeverEvictsItsOwnMatch) {
+  auto m = Make(4);
+  const std::vector<int32_t> p = Seq(2 * kB + 1, 0);
+  RunAndRelease(*m, 1, p);
+  ASSERT_TRUE(m->Allocate(9, Seq(1, 700), 1).ok());
+  ExpectCounts(*m, {.free_blocks = 1, .in_use = 1, .evictable = 2, .cached = 2});
+  // Needs 2 matched + 2 new blocks: the pool has 3 takeable blocks, but 2 of
+  // them are the match itself.
+  EXPECT_EQ(m->Allocate(2, p, 4 * kB).status().code(), absl::StatusCode::kResourceExhausted);
+  ExpectCounts(*m, {.free_blocks = 1, .in_use = 1, .evictable = 2, .cached = 2});
+  EXPECT_EQ(m->stats().evictions, 0);
+  EXPECT_EQ(m->MatchPrefix(p).cached_tokens, 2 * kB);
+  // 2 matched + 1 new fits.
+  EXPECT_EQ(*m->Allocate(2, p, 3 * kB), 2 * kB);
+  ExpectCounts(*m, {.free_blocks = 0, .in_use = 4, .evictable = 0, .cached = 2});
+}
+
+// Two equal prompts allocated before either commits both compute their
+// blocks; the second commit keeps its copy private, and its later blocks
+// chain onto the first lane's registration.
+TEST(KvBlockManagerTest, IdenticalConcurrentPrompts) {
+  auto m = Make(8);
+  const std::vector<int32_t> p = Seq(kB + 1, 40);
+  ASSERT_EQ(*m->Allocate(1, p, kB + 1), 0);
+  ASSERT_EQ(*m->Allocate(2, p, kB + 1), 0);
+  const BlockId b1 = Table(*m, 1)[0];
+  const BlockId b2 = Table(*m, 2)[0];
+  ASSERT_NE(b1, b2);
+  ASSERT_TRUE(m->CommitFullBlocks(1, p).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(2, p).ok());
+  EXPECT_TRUE(m->RegisteredHash(b1).has_value());
+  EXPECT_FALSE(m->RegisteredHash(b2).has_value());
+  EXPECT_EQ(m->stats().cached_blocks, 1);
+  EXPECT_EQ(m->stats().hash_collisions, 0);
+
+  // Lane 2 decodes on to fill a second block and commits it.
+  std::vector<int32_t> longer = p;
+  longer.insert(longer.end(), {7, 8, 9, 10});
+  ASSERT_TRUE(m->AppendSlots(2, 2 * kB + 1).ok());
+  ASSERT_TRUE(
+      m->CommitFullBlocks(2, std::vector<int32_t>(longer.begin(), longer.begin() + 2 * kB)).ok());
+  const BlockId b2_second = Table(*m, 2)[1];
+  EXPECT_TRUE(m->RegisteredHash(b2_second).has_value());
+
+  ASSERT_TRUE(m->Release(1).ok());
+  ASSERT_TRUE(m->Release(2).ok());
+  ExpectCounts(*m, {.free_blocks = 6, .in_use = 0, .evictable = 2, .cached = 2});
+  EXPECT_THAT(m->MatchPrefix(longer).block_ids, ElementsAre(b1, b2_second));
+}
+
+// A commit that finds its block already registered counts as a use of the
+// registered one: it becomes the most recently used.
+TEST(KvBlockManagerTest, CommitOfADuplicateRefreshesTheRegisteredBlock) {
+  auto m = Make(5);
+  const std::vector<int32_t> x = Seq(kB + 1, 100);
+  const std::vector<int32_t> y = Seq(kB + 1, 200);
+  ASSERT_TRUE(m->Allocate(1, x, kB + 1).ok());
+  ASSERT_TRUE(m->Allocate(2, x, kB + 1).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, x).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  RunAndRelease(*m, 3, y);                      // y is now more recent than x
+  ASSERT_TRUE(m->CommitFullBlocks(2, x).ok());  // and now x is
+  ExpectCounts(*m, {.free_blocks = 1, .in_use = 2, .evictable = 2, .cached = 2});
+
+  ASSERT_TRUE(m->Allocate(4, Seq(2 * kB, 300), 2 * kB).ok());
+  EXPECT_EQ(m->stats().evictions, 1);
+  EXPECT_EQ(m->MatchPrefix(x).cached_tokens, kB);
+  EXPECT_EQ(m->MatchPrefix(y).cached_tokens, 0);
+}
+
+// The registration a lane chains onto can be another lane's block; when that
+// one is evicted under the lane, the lane's later blocks stay private
+// instead of being registered where no lookup can reach them.
+TEST(KvBlockManagerTest, ChainStopsWhenItsParentIsEvicted) {
+  auto m = Make(4);
+  const std::vector<int32_t> p = Seq(kB + 1, 40);
+  ASSERT_TRUE(m->Allocate(1, p, kB + 1).ok());
+  ASSERT_TRUE(m->Allocate(2, p, kB + 1).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, p).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(2, p).ok());  // lane 2 chains on lane 1's block
+  ASSERT_TRUE(m->Release(1).ok());
+  ASSERT_TRUE(m->Allocate(3, Seq(2 * kB, 900), 2 * kB).ok());  // evicts lane 1's block
+  ASSERT_EQ(m->stats().evictions, 1);
+
+  std::vector<int32_t> longer = p;
+  longer.insert(longer.end(), {7, 8, 9});
+  ASSERT_TRUE(m->CommitFullBlocks(2, longer).ok());
+  EXPECT_FALSE(m->RegisteredHash(Table(*m, 2)[1]).has_value());
+  EXPECT_EQ(m->stats().cached_blocks, 0);
+}
+
+// With the hash cut to 0 bits every block hashes alike, so every lookup finds
+// a candidate: only the stored tokens and the registration link stand between
+// a prompt and someone else's KV.
+TEST(KvBlockManagerTest, HashCollisionIsAMissNeverAWrongHit) {
+  auto m = Make(8, /*hash_bits=*/0);
+  const std::vector<int32_t> a = Seq(kB + 1, 100);
+  const std::vector<int32_t> b = Seq(kB + 1, 200);
+  RunAndRelease(*m, 1, a);
+  ASSERT_EQ(m->stats().cached_blocks, 1);
+
+  EXPECT_EQ(m->MatchPrefix(b).cached_tokens, 0);
+  ASSERT_EQ(*m->Allocate(2, b, kB + 1), 0);
+  ASSERT_TRUE(m->CommitFullBlocks(2, b).ok());
+  EXPECT_EQ(m->stats().hash_collisions, 1);
+  EXPECT_FALSE(m->RegisteredHash(Table(*m, 2)[0]).has_value());
+  ASSERT_TRUE(m->Release(2).ok());
+
+  // The registered block still serves its own tokens.
+  EXPECT_EQ(m->MatchPrefix(a).cached_tokens, kB);
+  EXPECT_EQ(m->MatchPrefix(b).cached_tokens, 0);
+}
+
+// Equal token blocks at different positions: the second block's tokens equal
+// the first's and (at 0 bits) so does its hash, but its KV is of other
+// positions. A check of tokens alone would reuse block 0 for block 1.
+TEST(KvBlockManagerTest, HashCollisionAtAnotherPositionIsAMiss) {
+  std::vector<int32_t> repeated = Seq(kB, 1);
+  repeated.insert(repeated.end(), repeated.begin(), repeated.end());
+  repeated.push_back(99);
+  for (int bits : {0, 128}) {
+    SCOPED_TRACE(testing::Message() << "bits=" << bits);
+    auto m = Make(8, bits);
+    RunAndRelease(*m, 1, repeated);
+    const KvBlockManager::PrefixMatch match = m->MatchPrefix(repeated);
+    EXPECT_EQ(match.cached_tokens, bits == 0 ? kB : 2 * kB);
+    if (match.block_ids.size() == 2) {
+      EXPECT_NE(match.block_ids[0], match.block_ids[1]);
+    }
+  }
+}
+
+TEST(KvBlockManagerTest, IdentitySeparatesEqualTokens) {
+  const std::vector<int32_t> tokens = Seq(2 * kB, 7);
+  std::vector<BlockIdentity> ids(7, Identity());
+  ids[1].model_id = "other";
+  ids[2].model_revision = "r2";
+  ids[3].kv_dtype = "bf16";
+  ids[4].tp_world_size = 2;
+  ids[5].layout = "v2";
+  ids[6].block_size_tokens = kB / 2;  // its blocks are half as long
+  std::vector<BlockHash> first;
+  for (const BlockIdentity& id : ids) {
+    std::vector<BlockHash> h = ChainHashes(id, tokens);
+    ASSERT_FALSE(h.empty());
+    for (const BlockHash& seen : first) EXPECT_FALSE(seen == h[0]);
+    first.push_back(h[0]);
+  }
+  // Field boundaries are length-prefixed: moving bytes between two fields
+  // is another identity.
+  BlockIdentity shifted = Identity();
+  shifted.model_id = "stories260";
+  shifted.model_revision = "K";
+  EXPECT_FALSE(ChainHashes(shifted, tokens)[0] == first[0]);
+
+  // Two pools of different identities register the same tokens under
+  // different keys, and each manager's keys are the chain's.
+  auto m1 = Make(4, 128, ids[0]);
+  auto m2 = Make(4, 128, ids[4]);
+  RunAndRelease(*m1, 1, tokens);
+  RunAndRelease(*m2, 1, tokens);
+  const std::optional<BlockHash> h1 = m1->RegisteredHash(0);
+  const std::optional<BlockHash> h2 = m2->RegisteredHash(0);
+  ASSERT_TRUE(h1.has_value() && h2.has_value());
+  EXPECT_FALSE(*h1 == *h2);
+  EXPECT_TRUE(*h1 == ChainHashes(ids[0], tokens)[0]);
+  EXPECT_TRUE(*h2 == ChainHashes(ids[4], tokens)[0]);
+}
+
+// The chain's hashes are block keys in the kvstore and persist across
+// builds. Computed outside this code (the documented encoding built with
+// Python's struct.pack, hashed by a C program over libxxhash). If this fails,
+// every stored block is lost: restore the encoding.
+TEST(KvBlockManagerTest, GoldenChainHashPinsTheEncoding) {
+  const BlockHash root = ChainRoot(Identity());
+  EXPECT_EQ(root.high, 0x813457d991c91ce3ull);
+  EXPECT_EQ(root.low, 0xfcbd9e4924429688ull);
+  const std::vector<BlockHash> h = ChainHashes(Identity(), {1, 2, 3, 4});
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].Bytes(),
+            std::string("\x0e\x25\x68\x39\xf2\x33\x26\xc0\xa2\x73\xcb\x4f\x4b\x02\x69\x4e", 16));
+}
+
+TEST(KvBlockManagerTest, ResetForgetsLanesAndCacheButKeepsCounters) {
+  auto m = Make(4);
+  const std::vector<int32_t> p = Seq(kB + 1, 0);
+  RunAndRelease(*m, 1, p);
+  ASSERT_EQ(*m->Allocate(2, p, kB + 1), kB);
+  ASSERT_TRUE(m->Allocate(3, Seq(3, 50), 3).ok());
+
+  m->Reset();
+  ExpectCounts(*m, {.free_blocks = 4, .in_use = 0, .evictable = 0, .cached = 0});
+  EXPECT_EQ(m->stats().num_lanes, 0);
+  EXPECT_EQ(m->Release(2).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(m->MatchPrefix(p).cached_tokens, 0);
+  EXPECT_EQ(m->stats().resets, 1);
+  EXPECT_EQ(m->stats().hit_tokens, kB);
+  // The whole pool is available again, from block 0.
+  ASSERT_EQ(*m->Allocate(4, Seq(4 * kB, 0), 4 * kB), 0);
+  EXPECT_THAT(Table(*m, 4), ElementsAreArray({0, 1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace ringlane::router

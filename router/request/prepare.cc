@@ -1,0 +1,215 @@
+#include "router/request/prepare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "router/request/errors.h"
+#include "router/request/stop_matcher.h"
+#include "router/tokenizer/utf8.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+}  // namespace
+
+absl::Status CheckUtf8(const std::string& field, std::string_view text) {
+  const size_t bad = utf8::FirstInvalid(text);
+  if (bad == text.size()) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("not valid UTF-8 (byte ", bad, " of ", text.size(), ")"));
+}
+
+absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
+    const v1::ChatMessages& chat) const {
+  std::vector<ChatMessage> messages;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    if (absl::Status st = CheckUtf8(absl::StrCat("messages[", i, "].content"), m.content());
+        !st.ok()) {
+      return st;
+    }
+    messages.push_back({m.role(), m.content()});
+  }
+  absl::StatusOr<std::string> text = chat_template_->Render(messages, true);
+  if (!text.ok()) return Invalid("messages", std::string(text.status().message()));
+  // Templates that spell out their framing tokens (Llama's BOS, GLM's
+  // prefix) must not get another; the plain one relies on the tokenizer's.
+  const bool add_special = chat_template_->family() == ChatTemplateFamily::kPlain;
+  auto ids = tokenizer_->Encode(*text, add_special);
+  if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
+  return ids;
+}
+
+absl::StatusOr<v1::TokenizeResponse> RequestPreparer::Tokenize(const v1::TokenizeRequest& request,
+                                                               const ModelDescription* m) const {
+  if (!request.model().empty() && m && request.model() != m->model_id) {
+    return UnknownModelError(request.model(), m->model_id);
+  }
+  absl::StatusOr<std::vector<int32_t>> ids;
+  if (request.input_case() == v1::TokenizeRequest::kChat) {
+    ids = EncodeChat(request.chat());
+  } else {
+    if (absl::Status st = CheckUtf8("text", request.text()); !st.ok()) return st;
+    ids = tokenizer_->Encode(request.text(), request.add_special_tokens());
+    if (!ids.ok()) return Invalid("text", std::string(ids.status().message()));
+  }
+  if (!ids.ok()) return ids.status();
+  v1::TokenizeResponse response;
+  response.mutable_token_ids()->Add(ids->begin(), ids->end());
+  response.set_max_context_tokens(m ? m->max_context_tokens : 0);
+  return response;
+}
+
+absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateRequest& request,
+                                                         const ModelDescription& model) const {
+  const ModelDescription* m = &model;
+  if (!request.model().empty() && request.model() != m->model_id) {
+    return UnknownModelError(request.model(), m->model_id);
+  }
+  PreparedRequest p;
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= m->vocab_size) {
+          return Invalid(
+              absl::StrCat("prompt.token_ids[", i, "]"),
+              absl::StrCat(ids[i], " is outside the vocabulary [0, ", m->vocab_size, ")"));
+        }
+      }
+      p.prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    case v1::GenerateRequest::kChat: {
+      auto ids = EncodeChat(request.chat());
+      if (!ids.ok()) return ids.status();
+      p.prompt = std::move(*ids);
+      break;
+    }
+    case v1::GenerateRequest::kText:
+    case v1::GenerateRequest::PROMPT_NOT_SET: {
+      if (absl::Status st = CheckUtf8("prompt.text", request.text()); !st.ok()) return st;
+      auto ids = tokenizer_->Encode(request.text(), /*add_special_tokens=*/true);
+      if (!ids.ok()) return Invalid("prompt.text", std::string(ids.status().message()));
+      p.prompt = std::move(*ids);
+      break;
+    }
+  }
+  if (p.prompt.empty()) {
+    return Invalid("prompt", "empty, and the model's tokenizer adds no BOS token to start from");
+  }
+  const int64_t len = static_cast<int64_t>(p.prompt.size());
+  if (len >= m->max_context_tokens) {
+    return Invalid("prompt",
+                   absl::StrCat(len, " tokens leave no room to generate in the context of ",
+                                m->max_context_tokens, " tokens"));
+  }
+
+  // Sampling: the same ranges the workers' sampler enforces, checked here so
+  // that the client learns which field is wrong.
+  const v1::SamplingParams& s = request.sampling();
+  const float temperature = s.has_temperature() ? s.temperature() : options_.default_temperature;
+  if (!(std::isfinite(temperature) && temperature >= 0)) {
+    return Invalid("sampling.temperature",
+                   absl::StrCat("must be finite and >= 0, got ", temperature));
+  }
+  const float top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  if (!(top_p > 0 && top_p <= 1)) {
+    return Invalid("sampling.top_p", absl::StrCat("must be in (0, 1], got ", top_p));
+  }
+  if (s.top_k() < 0)
+    return Invalid("sampling.top_k", absl::StrCat("must be >= 0, got ", s.top_k()));
+  if (!(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return Invalid("sampling.min_p", absl::StrCat("must be in [0, 1], got ", s.min_p()));
+  }
+  // Penalty and top_logprobs bounds are the workers' (WorkerInfo.limits).
+  const float max_penalty = m->limits.max_abs_penalty();
+  if (!(s.presence_penalty() >= -max_penalty && s.presence_penalty() <= max_penalty)) {
+    return Invalid("sampling.presence_penalty",
+                   absl::StrCat("must be in [", -max_penalty, ", ", max_penalty, "], got ",
+                                s.presence_penalty()));
+  }
+  if (!(s.frequency_penalty() >= -max_penalty && s.frequency_penalty() <= max_penalty)) {
+    return Invalid("sampling.frequency_penalty",
+                   absl::StrCat("must be in [", -max_penalty, ", ", max_penalty, "], got ",
+                                s.frequency_penalty()));
+  }
+  if (s.top_logprobs() < 0 || s.top_logprobs() > m->limits.max_top_logprobs()) {
+    return Invalid(
+        "sampling.top_logprobs",
+        absl::StrCat("must be in [0, ", m->limits.max_top_logprobs(), "], got ", s.top_logprobs()));
+  }
+  if (request.n() < 0 || request.n() > options_.max_choices) {
+    return Invalid("n",
+                   absl::StrCat("must be in [1, ", options_.max_choices, "], got ", request.n()));
+  }
+  p.n = request.n() == 0 ? 1 : request.n();
+  if (request.has_max_tokens() && request.max_tokens() <= 0) {
+    return Invalid("max_tokens", absl::StrCat("must be >= 1, got ", request.max_tokens()));
+  }
+  const int64_t room = m->max_context_tokens - len;
+  // An explicit max_tokens the context cannot hold is the client's mistake
+  // (as in vLLM); silently generating fewer would look like a model stop.
+  if (request.has_max_tokens() && request.max_tokens() > room) {
+    return Invalid("max_tokens",
+                   absl::StrCat(request.max_tokens(), " tokens after a prompt of ", len,
+                                " tokens exceed the model's context of ", m->max_context_tokens,
+                                " tokens (at most ", room, " can be generated)"));
+  }
+  int64_t max_tokens = request.has_max_tokens()          ? request.max_tokens()
+                       : options_.max_tokens_default > 0 ? options_.max_tokens_default
+                                                         : room;
+  p.max_tokens = static_cast<int>(std::min(max_tokens, room));
+
+  for (int i = 0; i < request.stop_size(); ++i) {
+    if (absl::Status st = CheckUtf8(absl::StrCat("stop[", i, "]"), request.stop(i)); !st.ok()) {
+      return st;
+    }
+  }
+  p.stop.assign(request.stop().begin(), request.stop().end());
+  if (auto sm = StopMatcher::Create(p.stop); !sm.ok()) {
+    return Invalid("stop", std::string(sm.status().message()));
+  }
+  p.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  if (auto st = StopTokens::Create(p.stop_token_ids, {}, false, m->vocab_size); !st.ok()) {
+    return Invalid("stop_token_ids", std::string(st.status().message()));
+  }
+  p.ignore_eos = request.ignore_eos();
+  p.default_temperature = !s.has_temperature();
+  p.loop_watchdog = request.has_loop_watchdog() ? request.loop_watchdog() : options_.loop_watchdog;
+  p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
+  p.echo = request.echo();
+  p.session_id = request.session_id();
+  p.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_id_.fetch_add(1))
+                                              : request.request_id();
+
+  p.sampling = s;
+  p.sampling.set_temperature(temperature);
+  p.sampling.set_top_p(top_p);
+  p.sampling.set_logprobs(p.logprobs);
+  SeedParams sp;
+  sp.temperature = temperature;
+  sp.top_k = s.top_k();
+  sp.top_p = top_p;
+  sp.min_p = s.min_p();
+  sp.presence_penalty = s.presence_penalty();
+  sp.frequency_penalty = s.frequency_penalty();
+  p.sampling.set_seed(ResolveSeed(s.has_seed() ? std::optional<uint64_t>(s.seed()) : std::nullopt,
+                                  options_.seed_policy, p.prompt, sp, [] {
+                                    std::random_device rd;
+                                    return (static_cast<uint64_t>(rd()) << 32) | rd();
+                                  }));
+  return p;
+}
+
+}  // namespace ringlane::router

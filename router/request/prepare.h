@@ -1,0 +1,73 @@
+// Request validation and tokenization: a GenerateRequest or TokenizeRequest
+// checked field by field (InvalidArgument naming the field), its prompt
+// encoded (text, token ids, or a conversation through the chat template),
+// and its sampling policy resolved (default temperature, seed). Stateless
+// apart from the request-id counter; thread-safe.
+#ifndef RINGLANE_ROUTER_REQUEST_PREPARE_H_
+#define RINGLANE_ROUTER_REQUEST_PREPARE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ringlane/v1/generate.pb.h"
+#include "ringlane/v1/worker.pb.h"
+#include "router/request/chat_template.h"
+#include "router/request/loop_watchdog.h"
+#include "router/request/request_state.h"
+#include "router/request/seed.h"
+#include "router/tokenizer/tokenizer.h"
+
+namespace ringlane::router {
+
+// What the served model is, from the first group that connected.
+struct ModelDescription {
+  std::string model_id;
+  int32_t max_context_tokens = 0;
+  int32_t vocab_size = 0;
+  std::vector<int32_t> eos_ids;  // EOS ids that stop generation (unless ignore_eos)
+  // What the workers' sampler accepts (WorkerInfo.limits).
+  ringlane::v1::WorkerLimits limits;
+};
+
+struct PrepareOptions {
+  float default_temperature = 0;
+  SeedPolicy seed_policy = SeedPolicy::kDerived;
+  int max_choices = 16;
+  int max_tokens_default = 0;
+  bool loop_watchdog = true;
+};
+
+// OK, or InvalidArgument naming `field` when `text` is not valid UTF-8 (text
+// fields travel as bytes, so that this check, not the protobuf parser,
+// answers).
+absl::Status CheckUtf8(const std::string& field, std::string_view text);
+
+class RequestPreparer {
+ public:
+  // `tokenizer` and `chat_template` are not owned and must outlive this.
+  RequestPreparer(PrepareOptions options, const Tokenizer* tokenizer,
+                  const ChatTemplate* chat_template)
+      : options_(options), tokenizer_(tokenizer), chat_template_(chat_template) {}
+
+  absl::StatusOr<PreparedRequest> Prepare(const ringlane::v1::GenerateRequest& request,
+                                          const ModelDescription& model) const;
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(const ringlane::v1::ChatMessages& chat) const;
+  // `model` is null before any group connected (then any model id passes).
+  absl::StatusOr<ringlane::v1::TokenizeResponse> Tokenize(
+      const ringlane::v1::TokenizeRequest& request, const ModelDescription* model) const;
+
+ private:
+  const PrepareOptions options_;
+  const Tokenizer* const tokenizer_;
+  const ChatTemplate* const chat_template_;
+  mutable std::atomic<uint64_t> next_request_id_{1};
+};
+
+}  // namespace ringlane::router
+
+#endif  // RINGLANE_ROUTER_REQUEST_PREPARE_H_

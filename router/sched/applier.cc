@@ -1,0 +1,125 @@
+#include "router/sched/applier.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "router/client/round_builder.h"
+#include "services/log.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+
+void ReleaseLane(SchedState& state, KvBlockManager& kv, Lane& lane) {
+  kv.Release(lane.id).IgnoreError();
+  state.pending_release.push_back(lane.id);
+  lane.gone = true;
+}
+
+namespace {
+
+// Registers the lane's full blocks up to `fed` positions. `accepted` are
+// drafts the workers just accepted, inputs past lane.seq's end.
+void Commit(KvBlockManager& kv, Lane& lane, int64_t fed, absl::Span<const int32_t> accepted) {
+  const int64_t full = fed / kv.block_size_tokens();
+  if (full <= lane.committed_blocks) return;
+  std::vector<int32_t> tokens;
+  absl::Span<const int32_t> fed_tokens = lane.seq;
+  if (!accepted.empty()) {
+    tokens = lane.seq;
+    tokens.insert(tokens.end(), accepted.begin(), accepted.end());
+    fed_tokens = tokens;
+  }
+  if (static_cast<int64_t>(fed_tokens.size()) < fed) {
+    // Results arrive in plan order, so every token fed is known by now.
+    RL_LOG(ERROR) << "lane " << lane.id << " fed " << fed << " positions but knows "
+                  << fed_tokens.size() << " tokens; not committing";
+    return;
+  }
+  absl::Status st = kv.CommitFullBlocks(lane.id, fed_tokens.subspan(0, static_cast<size_t>(fed)));
+  if (!st.ok()) RL_LOG(ERROR) << "commit of lane " << lane.id << ": " << st;
+  lane.committed_blocks = full;
+}
+
+}  // namespace
+
+AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& result,
+                              SchedState& state, KvBlockManager& kv, ResultSink& sink) {
+  AppliedRound applied;
+  for (const PlannedRow& row : round.rows) {
+    if (Lane* lane = state.Find(row.lane)) {
+      --lane->rows_in_flight;
+      if (row.drafts > 0) lane->awaiting_verify = false;
+    }
+  }
+  if (result.error().code() != 0) {
+    RL_LOG(ERROR) << "worker group rejected round " << result.round_id() << ": "
+                  << result.error().message();
+    for (const PlannedRow& row : round.rows) {
+      if (Lane* lane = state.Find(row.lane)) {
+        lane->req->Fail(absl::InternalError(
+            absl::StrCat("the workers rejected a round: ", result.error().message())));
+      }
+    }
+    return applied;
+  }
+  for (const v1::LaneStep& row : round.plan.rows()) {
+    const int64_t n = RowTokens(row);
+    applied.tokens += n;
+    applied.attended += AttendedPairs(row.start_position(), n);
+    applied.drafts += RowDrafts(row);
+  }
+  // Verify rows: how many drafts each lane kept.
+  std::vector<int64_t> accepted(round.rows.size(), 0);
+  for (size_t i = 0; i < round.rows.size(); ++i) {
+    const PlannedRow& row = round.rows[i];
+    if (row.drafts == 0) continue;
+    for (const v1::LaneOutput& o : result.outputs()) {
+      if (o.lane_id() == row.lane)
+        accepted[i] = std::min<int64_t>(o.accepted_draft_count(), row.drafts);
+    }
+    applied.accepted += accepted[i];
+  }
+  // Roll back and commit before the tokens can finish and release a lane, so
+  // a finished request's blocks stay cached for a resend.
+  for (size_t i = 0; i < round.rows.size(); ++i) {
+    const PlannedRow& row = round.rows[i];
+    Lane* lane = state.Find(row.lane);
+    if (lane == nullptr) continue;
+    int64_t written = row.fed_after;
+    absl::Span<const int32_t> kept;
+    if (row.drafts > 0) {
+      // Positions past the last accepted draft hold garbage KV: the lane
+      // continues right after it, and their blocks go back.
+      written = row.start + 1 + accepted[i];
+      lane->fed = written;
+      if (absl::Status st = kv.TrimSlots(lane->id, written); !st.ok()) {
+        RL_LOG(ERROR) << "rollback of lane " << lane->id << ": " << st;
+      }
+    }
+    if (accepted[i] > 0) {
+      const v1::LaneStep& step = round.plan.rows(row.plan_row);
+      kept = absl::MakeConstSpan(step.token_ids().data(), static_cast<size_t>(accepted[i]));
+    }
+    Commit(kv, *lane, written, kept);
+  }
+  for (const v1::LaneOutput& o : result.outputs()) {
+    // A lane that finished or was dropped while this round was in flight:
+    // what it sampled is past its end.
+    Lane* lane = state.Find(o.lane_id());
+    if (lane == nullptr) continue;
+    if (o.tokens_size() > 0) sink.OnLaneTokens(*lane, o.tokens_size());
+    for (const v1::SampledToken& t : o.tokens()) {
+      lane->seq.push_back(t.token_id());
+      if (sink.OnToken(*lane, t)) {
+        ReleaseLane(state, kv, *lane);
+        break;
+      }
+    }
+  }
+  state.Compact();
+  return applied;
+}
+
+}  // namespace ringlane::router

@@ -1,0 +1,336 @@
+#include "router/sched/group_loop.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "router/client/round_builder.h"
+#include "router/request/choice_output.h"
+#include "router/sched/applier.h"
+#include "services/log.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+
+namespace {
+
+std::string DTypeName(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_F32:
+      return "f32";
+    case v1::DTYPE_BF16:
+      return "bf16";
+    case v1::DTYPE_F16:
+      return "f16";
+    case v1::DTYPE_FP8_E4M3:
+      return "fp8";
+    default:
+      return "unknown";
+  }
+}
+
+double Us(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+// Turns sampled tokens into the client's messages.
+class GroupLoop::Sink final : public ResultSink {
+ public:
+  Sink(const Tokenizer& tokenizer, Clock::time_point now) : tokenizer_(tokenizer), now_(now) {}
+  void OnLaneTokens(Lane& lane, int count) override {
+    NoteTokenTimes(*lane.req, lane.choice, count, now_);
+  }
+  bool OnToken(Lane& lane, const v1::SampledToken& t) override {
+    return OnSampledToken(*lane.req, lane.choice, t, tokenizer_);
+  }
+
+ private:
+  const Tokenizer& tokenizer_;
+  const Clock::time_point now_;
+};
+
+GroupLoop::GroupLoop(GroupLoopOptions options, GroupLoopHooks hooks, const Tokenizer* tokenizer)
+    : options_(std::move(options)), hooks_(std::move(hooks)), tokenizer_(tokenizer) {}
+
+GroupLoop::~GroupLoop() { Stop(); }
+
+void GroupLoop::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void GroupLoop::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+GroupLoop::Probe GroupLoop::ProbePrefix(absl::Span<const int32_t> prompt) const {
+  absl::MutexLock l(&mu_);
+  Probe p;
+  p.ready = ready_ && kv_ != nullptr;
+  if (!p.ready) return p;
+  p.cached_tokens = kv_->MatchPrefix(prompt).cached_tokens;
+  p.load = static_cast<int64_t>(s_.lanes.size() + s_.waiting.size());
+  return p;
+}
+
+absl::Status GroupLoop::Enqueue(std::shared_ptr<RequestState> req) {
+  absl::MutexLock l(&mu_);
+  if (!ready_) return absl::UnavailableError(NotReadyMessage());
+  req->metrics = &metrics_;
+  req->submitted = Clock::now();
+  const int64_t n = static_cast<int64_t>(req->choices.size());
+  if (!AdmitToQueue(static_cast<int64_t>(s_.waiting.size()), n, options_.max_waiting)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the router is overloaded: ", s_.waiting.size(),
+                     " choices already wait for a lane on worker group ", options_.index,
+                     " (--max_waiting=", options_.max_waiting, "); retry later"));
+  }
+  for (int i = 0; i < n; ++i) s_.waiting.push_back({req, i});
+  if (req->p.default_temperature) metrics_.requests_default_temperature->Increment();
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+GroupState GroupLoop::State() const {
+  absl::MutexLock l(&mu_);
+  GroupState s;
+  s.ready = ready_;
+  s.status = status_;
+  s.epoch = epoch_;
+  s.lanes = static_cast<int>(s_.lanes.size());
+  s.waiting = static_cast<int>(s_.waiting.size());
+  s.prefilled_tokens = prefilled_tokens_;
+  if (kv_) s.kv = kv_->stats();
+  return s;
+}
+
+std::string GroupLoop::Describe() const {
+  absl::MutexLock l(&mu_);
+  return NotReadyMessage();
+}
+
+std::string GroupLoop::NotReadyMessage() const {
+  return absl::StrCat("worker group ", options_.index, " (", absl::StrJoin(options_.addresses, ","),
+                      ") is not ready: ", status_.empty() ? "connecting" : status_);
+}
+
+bool GroupLoop::Connect() {
+  auto c = hooks_.connect(options_.addresses, options_.connect_timeout);
+  if (!c.ok()) {
+    absl::MutexLock l(&mu_);
+    if (status_ != c.status().message()) {
+      RL_LOG(WARNING) << "worker group " << options_.index << " not ready: " << c.status();
+    }
+    status_ = std::string(c.status().message());
+    return false;
+  }
+  const v1::WorkerInfo& info = (*c)->info();
+  KvBlockManager::Options o;
+  o.num_blocks = info.kv_pool_blocks();
+  o.identity.model_id = info.model_id();
+  o.identity.model_revision = info.model_revision();
+  o.identity.kv_dtype = DTypeName(info.kv_dtype());
+  o.identity.block_size_tokens = info.block_size_tokens();
+  o.identity.tp_world_size = info.tp_world_size();
+  auto kv = KvBlockManager::Create(o);
+  if (!kv.ok()) {
+    absl::MutexLock l(&mu_);
+    status_ = absl::StrCat("bad KV geometry from the workers: ", kv.status().message());
+    return false;
+  }
+  absl::StatusOr<GroupMetrics> metrics = hooks_.on_connected(info);
+  if (!metrics.ok()) {
+    absl::MutexLock l(&mu_);
+    status_ = std::string(metrics.status().message());
+    RL_LOG(ERROR) << "worker group " << options_.index << ": " << status_;
+    return false;
+  }
+  RL_LOG(INFO) << "worker group " << options_.index << " ready: " << info.model_id() << ", TP"
+               << info.tp_world_size() << ", epoch " << info.group_epoch() << ", "
+               << info.kv_pool_blocks() << " KV blocks of " << info.block_size_tokens()
+               << " tokens";
+  absl::MutexLock l(&mu_);
+  if (metrics_.rounds == nullptr) metrics_ = *metrics;
+  kv_ = std::move(*kv);
+  epoch_ = info.group_epoch();
+  ready_ = true;
+  metrics_.group_ready->Set(1);
+  metrics_.group_epoch->Set(static_cast<double>(epoch_));
+  UpdateGauges();
+  status_.clear();
+  client_ = std::move(*c);
+  return true;
+}
+
+void GroupLoop::OnGroupFailure(const absl::Status& status) {
+  RL_LOG(ERROR) << "worker group " << options_.index << " failed: " << status;
+  in_flight_.clear();
+  absl::MutexLock l(&mu_);
+  FailAll(absl::UnavailableError(absl::StrCat("worker group ", options_.index, " failed: ",
+                                              status.message(), "; the request was lost, retry")));
+  // A re-formed group has lost its KV contents: the ledger starts over.
+  kv_->Reset();
+  ready_ = false;
+  metrics_.group_ready->Set(0);
+  UpdateGauges();
+  status_ = std::string(status.message());
+  client_.reset();
+}
+
+void GroupLoop::Loop() {
+  const size_t depth = static_cast<size_t>(options_.pipeline_depth);
+  // When the last result arrived: a round sent ahead starts only then.
+  auto previous_done = Clock::now();
+  for (;;) {
+    if (!client_) {
+      {
+        absl::MutexLock l(&mu_);
+        if (stop_) break;
+      }
+      if (!Connect()) {
+        absl::MutexLock l(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(options_.reconnect_pause));
+      }
+      continue;
+    }
+    if (in_flight_.size() < depth) {
+      InFlight round;
+      bool idle = false;
+      std::string log_line;
+      {
+        absl::MutexLock l(&mu_);
+        // With a round in flight there is always its result to wait for.
+        if (in_flight_.empty() &&
+            !mu_.AwaitWithTimeout(absl::Condition(this, &GroupLoop::HasWork), absl::Seconds(1))) {
+          idle = true;
+        }
+        if (stop_) break;
+        if (!idle) {
+          PlanRound(s_, *kv_, cost_, options_.planner, hooks_.drafter, &round.round);
+          RecordPlan(round.round);
+          if (hooks_.round_log && round.round.plan.rows_size() > 0) {
+            log_line = LogLine(round.round, static_cast<int64_t>(in_flight_.size()));
+          }
+        }
+      }
+      if (idle) {
+        // No round would reveal a dead or re-formed rank of an idle group:
+        // ask the ranks, so that placement stops choosing it.
+        if (absl::Status st = client_->Check(std::chrono::seconds(2)); !st.ok()) {
+          OnGroupFailure(st);
+        }
+        continue;
+      }
+      if (round.round.plan.rows_size() > 0) {
+        if (!log_line.empty()) hooks_.round_log(log_line);
+        round.sent = Clock::now();
+        if (absl::Status st = client_->Send(round.round.plan); !st.ok()) {
+          OnGroupFailure(st);
+          continue;
+        }
+        in_flight_.push_back(std::move(round));
+        continue;
+      }
+      if (in_flight_.empty()) continue;
+    }
+    absl::StatusOr<v1::RoundResult> r = client_->Receive();
+    if (!r.ok()) {
+      OnGroupFailure(r.status());
+      continue;
+    }
+    const auto done = Clock::now();
+    InFlight round = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    const double busy_us = RoundBusyUs(Us(round.sent), Us(previous_done), Us(done));
+    previous_done = done;
+    absl::MutexLock l(&mu_);
+    if (r->round_id() != round.round.plan.round_id()) {
+      RL_LOG(ERROR) << "worker group " << options_.index << " answered round " << r->round_id()
+                    << " where round " << round.round.plan.round_id() << " was due";
+    }
+    metrics_.rounds->Increment();
+    metrics_.round_duration_s->Observe(Seconds(done - round.sent));
+    Apply(round, *r, busy_us);
+    UpdateGauges();
+  }
+  in_flight_.clear();
+  absl::MutexLock l(&mu_);
+  FailAll(absl::UnavailableError("the router is shutting down"));
+  ready_ = false;
+  if (client_) client_->Close().IgnoreError();
+}
+
+void GroupLoop::RecordPlan(const PlannedRound& round) {
+  prefilled_tokens_ += round.prefilled_tokens;
+  if (round.preemptions > 0)
+    metrics_.preemptions->Increment(static_cast<double>(round.preemptions));
+  if (round.admitted_any) {
+    metrics_.prompt_tokens->Increment(static_cast<double>(round.admitted_prompt_tokens));
+    metrics_.cached_prompt_tokens->Increment(static_cast<double>(round.admitted_cached_tokens));
+    metrics_.prefix_cache_hit_rate->Set(metrics_.cached_prompt_tokens->Value() /
+                                        metrics_.prompt_tokens->Value());
+  }
+}
+
+std::string GroupLoop::LogLine(const PlannedRound& round, int64_t in_flight) const {
+  std::map<LaneId, const std::string*> request_of;
+  for (const auto& lane : s_.lanes) request_of[lane->id] = &lane->req->p.request_id;
+  RoundLogEntry e;
+  e.round_id = round.plan.round_id();
+  e.group = options_.index;
+  e.token_budget = options_.planner.round_token_budget;
+  e.in_flight = in_flight;
+  for (const v1::LaneStep& row : round.plan.rows()) {
+    RoundLogRow r;
+    r.lane_id = row.lane_id();
+    r.start_position = row.start_position();
+    r.tokens = RowTokens(row);
+    r.kind = r.tokens == 0            ? RoundLogRow::Kind::kRelease
+             : row.use_last_sampled() ? RoundLogRow::Kind::kDecode
+                                      : RoundLogRow::Kind::kPrefill;
+    r.sample = row.sample_last() || row.verify_offsets_size() > 0;
+    if (auto it = request_of.find(row.lane_id()); it != request_of.end()) {
+      r.request_id = *it->second;
+    }
+    e.rows.push_back(std::move(r));
+  }
+  return FormatRoundLog(e);
+}
+
+void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us) {
+  Sink sink(*tokenizer_, Clock::now());
+  const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
+  if (result.error().code() != 0) return;
+  cost_.Observe(a.tokens, busy_us, a.attended);
+  metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
+}
+
+void GroupLoop::FailAll(const absl::Status& status) {
+  for (auto& lane : s_.lanes) lane->req->Fail(status);
+  for (Waiting& w : s_.waiting) w.req->Fail(status);
+  s_.lanes.clear();
+  s_.waiting.clear();
+  s_.pending_release.clear();
+}
+
+void GroupLoop::UpdateGauges() {
+  if (metrics_.rounds == nullptr) return;
+  metrics_.lanes_running->Set(static_cast<double>(s_.live_lanes()));
+  metrics_.lanes_waiting->Set(static_cast<double>(s_.waiting.size()));
+  if (kv_) {
+    const KvBlockStats st = kv_->stats();
+    metrics_.kv_blocks_total->Set(static_cast<double>(st.num_blocks));
+    metrics_.kv_blocks_used->Set(
+        static_cast<double>(st.num_blocks - st.free_blocks - st.evictable_blocks));
+  }
+}
+
+}  // namespace ringlane::router

@@ -1,0 +1,296 @@
+#include "router/sched/planner.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "router/client/round_builder.h"
+#include "services/log.h"
+
+namespace ringlane::router {
+
+namespace v1 = ringlane::v1;
+
+namespace {
+
+// Planning one round: the state it changes and the plan it writes.
+class Planning {
+ public:
+  Planning(SchedState& state, KvBlockManager& kv, const RoundCostModel& cost,
+           const PlannerOptions& options, Drafter* drafter, PlannedRound* out)
+      : s_(state),
+        kv_(kv),
+        cost_(cost),
+        opt_(options),
+        drafter_(drafter),
+        out_(out),
+        block_size_(kv.block_size_tokens()) {}
+
+  void Run();
+
+ private:
+  void ReleaseDead();
+  void PlanDecodeRows();
+  // Grows `lane` to `positions`, preempting younger lanes; false when the
+  // lane itself was preempted or failed.
+  bool Grow(Lane& lane, size_t index, int64_t positions);
+  void PlanPrefillRows();
+  void Admit();
+  void Preempt(Lane& lane);
+  void Drop(Lane& lane, absl::Status why);
+  // Whether the lane's next decode row still counts (its planned rows have
+  // not sampled max_tokens yet), and how many tokens it may still sample.
+  int64_t TokensLeft(const Lane& lane) const {
+    return lane.req->p.max_tokens -
+           TokensAfterPlannedRounds(lane.generated_before(), lane.prompt_len, lane.fed);
+  }
+  void AddPrefill(Lane& lane, int64_t chunk);
+  void AddDecode(Lane& lane, absl::Span<const int32_t> drafts);
+  void Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts);
+
+  SchedState& s_;
+  KvBlockManager& kv_;
+  const RoundCostModel& cost_;
+  const PlannerOptions& opt_;
+  Drafter* const drafter_;
+  PlannedRound* const out_;
+  const int32_t block_size_;
+  v1::RoundPlan* const plan_ = &out_->plan;
+  int64_t decode_rows_ = 0;
+  int64_t decode_tokens_ = 0;
+  int64_t limit_ = 0;  // prefill tokens the round may still feed
+};
+
+void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts) {
+  if (!lane.params_sent) {
+    SetLaneParams(row, lane.req->p.sampling, lane.choice);
+    lane.params_sent = true;
+  }
+  PlannedRow r;
+  r.lane = lane.id;
+  r.start = lane.fed;
+  r.tokens = tokens;
+  r.drafts = drafts;
+  r.plan_row = plan_->rows_size() - 1;
+  lane.fed += tokens;
+  r.fed_after = lane.fed;
+  lane.in_plan = true;
+  ++lane.rows_in_flight;
+  if (drafts > 0) lane.awaiting_verify = true;
+  out_->rows.push_back(r);
+}
+
+void Planning::AddPrefill(Lane& lane, int64_t chunk) {
+  out_->prefilled_tokens += chunk;
+  v1::LaneStep* row =
+      AddPrefillRow(plan_, lane.id, lane.fed,
+                    absl::MakeConstSpan(lane.seq.data() + lane.fed, static_cast<size_t>(chunk)),
+                    lane.fed + chunk == lane.prompt_len, *kv_.BlockTable(lane.id), block_size_);
+  Account(lane, row, chunk, 0);
+}
+
+void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts) {
+  v1::LaneStep* row =
+      AddDecodeRow(plan_, lane.id, lane.fed, drafts, *kv_.BlockTable(lane.id), block_size_);
+  Account(lane, row, 1 + static_cast<int64_t>(drafts.size()), static_cast<int64_t>(drafts.size()));
+}
+
+void Planning::Drop(Lane& lane, absl::Status why) {
+  lane.req->Fail(std::move(why));
+  kv_.Release(lane.id).IgnoreError();
+  AddReleaseRow(plan_, lane.id);
+  lane.gone = true;
+}
+
+void Planning::Preempt(Lane& lane) {
+  RL_LOG(INFO) << "worker group " << opt_.group_index << ": KV pool full, preempting lane "
+               << lane.id << " (request " << lane.req->p.request_id << ", choice " << lane.choice
+               << "); it restarts from its prompt and "
+               << lane.req->choices[lane.choice].generated.size() << " generated tokens";
+  kv_.Release(lane.id).IgnoreError();
+  AddReleaseRow(plan_, lane.id);
+  lane.gone = true;
+  s_.waiting.push_front({lane.req, lane.choice});
+  ++out_->preemptions;
+}
+
+void Planning::ReleaseDead() {
+  for (LaneId id : s_.pending_release) AddReleaseRow(plan_, id);
+  s_.pending_release.clear();
+  // Cancelled or failed requests give their lanes and blocks back first.
+  for (auto& lane : s_.lanes) {
+    if (lane->gone || !lane->req->dead()) continue;
+    RL_LOG(DEBUG) << "dropping lane " << lane->id << " of request " << lane->req->p.request_id;
+    lane->req->Account(&GroupMetrics::requests_cancelled);
+    kv_.Release(lane->id).IgnoreError();
+    AddReleaseRow(plan_, lane->id);
+    lane->gone = true;
+  }
+  s_.Compact();
+  s_.waiting.erase(std::remove_if(s_.waiting.begin(), s_.waiting.end(),
+                                  [](const Waiting& w) {
+                                    if (!w.req->dead()) return false;
+                                    w.req->Account(&GroupMetrics::requests_cancelled);
+                                    return true;
+                                  }),
+                   s_.waiting.end());
+}
+
+bool Planning::Grow(Lane& lane, size_t index, int64_t positions) {
+  while (!kv_.AppendSlots(lane.id, positions).ok()) {
+    std::vector<PreemptCandidate> c(s_.lanes.size());
+    for (size_t j = 0; j < s_.lanes.size(); ++j) {
+      c[j] = {s_.lanes[j]->admit_seq, s_.lanes[j]->in_plan || s_.lanes[j]->gone, true};
+    }
+    std::optional<size_t> v = PickPreemptionVictim(c);
+    if (!v || s_.live_lanes() == 1) {
+      Drop(lane, absl::ResourceExhaustedError(absl::StrCat(
+                     "the KV pool (", kv_.num_blocks(), " blocks of ", block_size_,
+                     " tokens) cannot hold this request's ", positions, " positions")));
+      return false;
+    }
+    Preempt(*s_.lanes[*v]);
+    if (*v == index) return false;
+  }
+  return true;
+}
+
+void Planning::PlanDecodeRows() {
+  // With speculation on, a decoding lane waits for its row in flight
+  // instead of getting a plain decode row pipelined behind it: drafts must
+  // follow a known token, and a verify row gives several tokens per round.
+  const bool speculative = drafter_ != nullptr && opt_.max_drafts > 0;
+  auto wants_row = [&](const Lane& lane) {
+    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify &&
+           !(speculative && lane.rows_in_flight > 0) && TokensLeft(lane) > 0;
+  };
+  int64_t decoders_left =
+      std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
+  // Oldest lane first; a lane that cannot grow takes blocks from the
+  // youngest lane not yet in the round.
+  for (size_t i = 0; i < s_.lanes.size(); ++i) {
+    Lane& lane = *s_.lanes[i];
+    if (!wants_row(lane)) continue;
+    --decoders_left;
+    std::vector<int32_t> drafts;
+    if (speculative) {
+      // Drafts never take the round past its budget nor the lane past
+      // max_tokens (a verify row samples up to drafts + 1 tokens).
+      const int64_t room = opt_.round_token_budget - decode_tokens_ - decoders_left - 1;
+      const int64_t k =
+          std::min<int64_t>({opt_.max_drafts, TokensLeft(lane) - 1, std::max<int64_t>(room, 0)});
+      if (k > 0) {
+        drafts = drafter_->Propose(lane, static_cast<int>(k));
+        if (static_cast<int64_t>(drafts.size()) > k) drafts.resize(k);
+      }
+    }
+    // Drafts are optional: when the pool is short, drop them before
+    // preempting anyone for them.
+    const int64_t want = lane.fed + 1 + static_cast<int64_t>(drafts.size());
+    if (!drafts.empty() && !kv_.AppendSlots(lane.id, want).ok()) drafts.clear();
+    if (!Grow(lane, i, lane.fed + 1 + static_cast<int64_t>(drafts.size()))) continue;
+    AddDecode(lane, drafts);
+    ++decode_rows_;
+    decode_tokens_ += 1 + static_cast<int64_t>(drafts.size());
+  }
+}
+
+void Planning::PlanPrefillRows() {
+  double decode_attended = 0;
+  for (const v1::LaneStep& row : plan_->rows()) {
+    decode_attended += AttendedPairs(row.start_position(), RowTokens(row));
+  }
+  int64_t prefill_start = 0;
+  for (const auto& lp : s_.lanes) {
+    if (!lp->gone && !lp->in_plan && lp->prefilling()) {
+      prefill_start = lp->fed;
+      break;
+    }
+  }
+  limit_ = PrefillTokenLimit(decode_tokens_, opt_.round_token_budget, opt_.itl_target_ms * 1000,
+                             cost_, opt_.min_prefill_chunk, decode_attended, prefill_start);
+  for (auto& lp : s_.lanes) {
+    Lane& lane = *lp;
+    if (limit_ <= 0) break;
+    if (lane.gone || lane.in_plan || !lane.prefilling()) continue;
+    const int64_t chunk = std::min(limit_, lane.prompt_len - lane.fed);
+    AddPrefill(lane, chunk);
+    limit_ -= chunk;
+  }
+}
+
+void Planning::Admit() {
+  while (limit_ > 0 && !s_.waiting.empty() && s_.live_lanes() < opt_.max_lanes) {
+    Waiting w = s_.waiting.front();
+    Choice& c = w.req->choices[w.choice];
+    auto lane = std::make_unique<Lane>();
+    lane->id = s_.next_lane_id++;
+    lane->req = w.req;
+    lane->choice = w.choice;
+    lane->admit_seq = s_.next_admit_seq++;
+    lane->seq = w.req->p.prompt;
+    lane->seq.insert(lane->seq.end(), c.generated.begin(), c.generated.end());
+    lane->prompt_len = static_cast<int64_t>(lane->seq.size());
+    absl::StatusOr<int64_t> cached = kv_.Allocate(lane->id, lane->seq, lane->prompt_len);
+    if (!cached.ok()) {
+      if (s_.live_lanes() > 0) break;  // wait for running lanes to give blocks back
+      // No amount of waiting helps: the client's request is too large for
+      // this deployment, which is a 400, not a 429 to retry.
+      w.req->Fail(absl::InvalidArgumentError(absl::StrCat(
+          "prompt: ", lane->seq.size(), " tokens need more KV blocks than the ", kv_.num_blocks(),
+          " of worker group ", opt_.group_index, " (", block_size_, " tokens each)")));
+      s_.waiting.pop_front();
+      continue;
+    }
+    s_.waiting.pop_front();
+    if (w.choice == 0 && w.req->cached_tokens < 0) {
+      w.req->cached_tokens = *cached;
+      out_->admitted_any = true;
+      out_->admitted_prompt_tokens += static_cast<int64_t>(w.req->p.prompt.size());
+      out_->admitted_cached_tokens += *cached;
+    }
+    lane->fed = *cached;
+    lane->committed_blocks = *cached / block_size_;
+    const int64_t chunk = std::min(limit_, lane->prompt_len - lane->fed);
+    AddPrefill(*lane, chunk);
+    limit_ -= chunk;
+    s_.lanes.push_back(std::move(lane));
+  }
+}
+
+void Planning::Run() {
+  for (auto& lane : s_.lanes) lane->in_plan = false;
+  ReleaseDead();
+  PlanDecodeRows();
+  PlanPrefillRows();
+  Admit();
+  s_.Compact();
+  if (plan_->rows_size() == 0) return;
+  plan_->set_round_id(++s_.round_id);
+}
+
+}  // namespace
+
+int64_t SchedState::live_lanes() const {
+  return std::count_if(lanes.begin(), lanes.end(), [](const auto& l) { return !l->gone; });
+}
+
+void SchedState::Compact() {
+  lanes.erase(std::remove_if(lanes.begin(), lanes.end(), [](const auto& l) { return l->gone; }),
+              lanes.end());
+}
+
+Lane* SchedState::Find(LaneId id) {
+  for (auto& l : lanes) {
+    if (l->id == id && !l->gone) return l.get();
+  }
+  return nullptr;
+}
+
+void PlanRound(SchedState& state, KvBlockManager& kv, const RoundCostModel& cost,
+               const PlannerOptions& options, Drafter* drafter, PlannedRound* out) {
+  Planning(state, kv, cost, options, drafter, out).Run();
+}
+
+}  // namespace ringlane::router

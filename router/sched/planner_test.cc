@@ -1,0 +1,567 @@
+// Table tests of the round planner and the result applier over a fake worker
+// group, one row per case: admission, chunk sizing under the ITL target, the
+// token budget, pipelined rounds and lanes that stop mid-pipeline,
+// preemption, release, prefix hits, and verify rows whose drafts are partly
+// rejected.
+//
+// The fake group is a model of what the workers keep: a KV pool whose slots
+// hold a hash of the whole prefix written there, and per lane the positions
+// it has written and its last sampled token. Its "model" samples from that
+// hash, so a lane that reads a wrong block, a stale slot or a position never
+// written produces different tokens, and every case compares each choice's
+// tokens with a solo run of the same model. After every round the ledger's
+// view (positions, block counts) must equal the fake workers'.
+#include "router/sched/planner.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/client/round_builder.h"
+#include "router/client/worker_group.h"
+#include "router/sched/applier.h"
+
+namespace ringlane::router {
+namespace {
+
+namespace v1 = ringlane::v1;
+
+constexpr int32_t kVocab = 64;
+
+uint64_t Mix(uint64_t h, int32_t token) {
+  uint64_t x = h ^ (static_cast<uint64_t>(token) + 1) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return x;
+}
+
+// The token the model samples after a prefix whose hash is `h`.
+int32_t NextToken(uint64_t h) { return 3 + static_cast<int32_t>(h % (kVocab - 3)); }
+
+// What a solo run of the model generates after `prompt`.
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
+  uint64_t h = 0;
+  for (int32_t t : prompt) h = Mix(h, t);
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_tokens; ++i) {
+    out.push_back(NextToken(h));
+    h = Mix(h, out.back());
+  }
+  return out;
+}
+
+// The workers of one group, in one object: checks every row against what it
+// holds and answers in plan order.
+class FakeGroup final : public WorkerGroup {
+ public:
+  FakeGroup(int num_blocks, int block_size) : block_size_(block_size), pool_(num_blocks) {
+    for (auto& b : pool_) b.assign(block_size, std::nullopt);
+    info_.set_kv_pool_blocks(num_blocks);
+    info_.set_block_size_tokens(block_size);
+  }
+
+  const v1::WorkerInfo& info() const override { return info_; }
+  absl::Status Send(const v1::RoundPlan& plan) override {
+    results_.push_back(Run(plan));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::RoundResult> Receive() override {
+    if (results_.empty()) return absl::FailedPreconditionError("nothing sent");
+    v1::RoundResult r = std::move(results_.front());
+    results_.pop_front();
+    return r;
+  }
+  absl::Status Check(std::chrono::milliseconds) override { return absl::OkStatus(); }
+  absl::Status Close() override { return absl::OkStatus(); }
+
+  // Positions whose KV lane `id` has written or inherited; -1 if unknown.
+  int64_t positions(LaneId id) const {
+    auto it = lanes_.find(id);
+    return it == lanes_.end() ? -1 : it->second.valid;
+  }
+  const std::vector<std::string>& errors() const { return errors_; }
+  int64_t drafts_seen() const { return drafts_seen_; }
+  int64_t drafts_accepted() const { return drafts_accepted_; }
+
+ private:
+  struct LaneState {
+    int64_t valid = 0;
+    std::optional<int32_t> last;
+    std::vector<int32_t> blocks;  // the table of its last row
+  };
+
+  // Another live lane whose written positions include slot `slot` of
+  // `block`: a write there would change what that lane reads.
+  std::optional<LaneId> Reader(LaneId writer, int32_t block, int64_t slot) const {
+    for (const auto& [id, l] : lanes_) {
+      if (id == writer) continue;
+      for (size_t i = 0; i < l.blocks.size(); ++i) {
+        if (l.blocks[i] == block && static_cast<int64_t>(i) * block_size_ + slot < l.valid) {
+          return id;
+        }
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::optional<uint64_t>& Slot(const v1::LaneStep& row, int64_t p) {
+    return pool_[row.block_ids(static_cast<int>(p / block_size_))][p % block_size_];
+  }
+
+  v1::RoundResult Run(const v1::RoundPlan& plan) {
+    v1::RoundResult result;
+    result.set_round_id(plan.round_id());
+    auto fail = [&](const std::string& why) {
+      errors_.push_back(absl::StrCat("round ", plan.round_id(), ": ", why));
+    };
+    for (const v1::LaneStep& row : plan.rows()) {
+      const int64_t n = RowTokens(row);
+      auto it = lanes_.find(row.lane_id());
+      if (it == lanes_.end()) {
+        if (n == 0) continue;  // a release of a lane that never ran here
+        if (!row.has_sampling()) fail(absl::StrCat("lane ", row.lane_id(), " without params"));
+        it = lanes_.emplace(row.lane_id(), LaneState{.valid = row.start_position()}).first;
+      }
+      LaneState& lane = it->second;
+      if (n > 0) {
+        if (row.start_position() != lane.valid) {
+          fail(absl::StrCat("lane ", row.lane_id(), " starts at ", row.start_position(),
+                            " where its KV ends at ", lane.valid));
+        }
+        if (row.block_ids_size() * int64_t{block_size_} < row.start_position() + n) {
+          fail(absl::StrCat("lane ", row.lane_id(), ": blocks do not cover the row"));
+          continue;
+        }
+        // The prefix hash read back from the slot before the row: a slot
+        // never written (or a wrong block) shows up as a missing value.
+        uint64_t h = 0;
+        if (row.start_position() > 0) {
+          std::optional<uint64_t> prev = Slot(row, row.start_position() - 1);
+          if (!prev) {
+            fail(absl::StrCat("lane ", row.lane_id(), " reads an empty slot"));
+            continue;
+          }
+          h = *prev;
+        }
+        std::vector<int32_t> inputs;
+        if (row.use_last_sampled()) {
+          if (!lane.last) fail(absl::StrCat("lane ", row.lane_id(), " has no last token"));
+          inputs.push_back(lane.last.value_or(0));
+        }
+        inputs.insert(inputs.end(), row.token_ids().begin(), row.token_ids().end());
+        std::vector<uint64_t> hashes;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          h = Mix(h, inputs[i]);
+          const int64_t p = row.start_position() + static_cast<int64_t>(i);
+          if (auto r = Reader(row.lane_id(), row.block_ids(static_cast<int>(p / block_size_)),
+                              p % block_size_)) {
+            fail(absl::StrCat("lane ", row.lane_id(), " writes position ", p, " into a block lane ",
+                              *r, " reads"));
+          }
+          Slot(row, p) = h;
+          hashes.push_back(h);
+        }
+        lane.valid = row.start_position() + n;
+        lane.blocks.assign(row.block_ids().begin(), row.block_ids().end());
+        v1::LaneOutput out;
+        out.set_lane_id(row.lane_id());
+        if (row.verify_offsets_size() > 0) {
+          int accepted = 0;
+          for (int o = 0; o < row.verify_offsets_size(); ++o) {
+            const int32_t t = NextToken(hashes[o]);
+            out.add_tokens()->set_token_id(t);
+            lane.last = t;
+            if (o + 1 < static_cast<int>(inputs.size()) && inputs[o + 1] == t) {
+              ++accepted;
+              continue;
+            }
+            break;
+          }
+          out.set_accepted_draft_count(accepted);
+          drafts_seen_ += row.token_ids_size();
+          drafts_accepted_ += accepted;
+          // Positions past the last accepted draft hold garbage: the next
+          // row of the lane starts right after the accepted ones.
+          lane.valid = row.start_position() + 1 + accepted;
+          *result.add_outputs() = out;
+        } else if (row.sample_last()) {
+          const int32_t t = NextToken(hashes.back());
+          out.add_tokens()->set_token_id(t);
+          lane.last = t;
+          *result.add_outputs() = out;
+        }
+      }
+      if (row.release_lane()) lanes_.erase(row.lane_id());
+    }
+    return result;
+  }
+
+  const int block_size_;
+  v1::WorkerInfo info_;
+  std::vector<std::vector<std::optional<uint64_t>>> pool_;
+  std::map<LaneId, LaneState> lanes_;
+  std::deque<v1::RoundResult> results_;
+  std::vector<std::string> errors_;
+  int64_t drafts_seen_ = 0;
+  int64_t drafts_accepted_ = 0;
+};
+
+// Proposes the model's own continuation but gets every `wrong_every`-th
+// draft wrong, so that verify rows accept some drafts and reject the rest.
+class ScriptedDrafter final : public Drafter {
+ public:
+  explicit ScriptedDrafter(int wrong_every) : wrong_every_(wrong_every) {}
+  std::vector<int32_t> Propose(const Lane& lane, int max_drafts) override {
+    uint64_t h = 0;
+    for (int64_t p = 0; p <= lane.fed && p < static_cast<int64_t>(lane.seq.size()); ++p) {
+      h = Mix(h, lane.seq[p]);
+    }
+    std::vector<int32_t> drafts;
+    for (int i = 0; i < max_drafts; ++i) {
+      int32_t t = NextToken(h);
+      if (++count_ % wrong_every_ == 0) t = t == 3 ? 4 : 3;
+      drafts.push_back(t);
+      h = Mix(h, t);
+    }
+    return drafts;
+  }
+
+ private:
+  const int wrong_every_;
+  int64_t count_ = 0;
+};
+
+struct Request {
+  int prompt_len = 8;
+  int max_tokens = 8;
+  int arrival_round = 0;
+  // Prompts with the same family share their first `shared` tokens.
+  int family = 0;
+  int shared = 0;
+  // A token that ends the choice early (-1: none); for lanes that stop
+  // while their next row is already in flight.
+  int32_t stop_token = -1;
+};
+
+struct Case {
+  std::string name;
+  std::vector<Request> requests;
+  int num_blocks = 64;
+  int block_size = 4;
+  int budget = 64;
+  int max_lanes = 8;
+  int depth = 2;
+  int max_drafts = 0;
+  int wrong_every = 3;
+  // The simulated round time: fixed + per token (microseconds), for the
+  // cost model; itl target in ms (0 = none).
+  double itl_target_ms = 0;
+  int min_chunk = 4;
+  // Expectations beyond "every choice equals its solo run".
+  bool expect_preemption = false;
+  bool expect_prefix_hit = false;
+  bool expect_drafts_rejected = false;
+  // Speculation takes fewer rounds than plain decode (not so where most
+  // drafts fail: a speculative lane gives up pipelining).
+  bool expect_fewer_rounds = false;
+  // Largest tokens of any round whose decode rows share it with a prefill
+  // chunk, once the cost model is ready (0: unchecked).
+  int64_t max_mixed_round_tokens = 0;
+  // Rounds in which the first request alone runs before the second arrives.
+  int64_t max_rounds = 10000;
+};
+
+std::vector<int32_t> PromptOf(const Request& r, int index) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < r.prompt_len; ++i) {
+    const bool shared = i < r.shared;
+    p.push_back(3 + static_cast<int32_t>((shared ? r.family * 7 + i * 5 : index * 11 + i * 3) %
+                                         (kVocab - 3)));
+  }
+  return p;
+}
+
+// Finishes a choice at max_tokens or its stop token, as choice_output would.
+class RecordingSink final : public ResultSink {
+ public:
+  explicit RecordingSink(std::map<RequestState*, int32_t> stops) : stops_(std::move(stops)) {}
+  bool OnToken(Lane& lane, const v1::SampledToken& t) override {
+    Choice& c = lane.req->choices[lane.choice];
+    if (c.finished) return false;
+    c.generated.push_back(t.token_id());
+    const bool stop = stops_[lane.req.get()] == t.token_id();
+    if (stop || static_cast<int>(c.generated.size()) >= lane.req->p.max_tokens) {
+      c.finished = true;
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  std::map<RequestState*, int32_t> stops_;
+};
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  int64_t preemptions = 0;
+  int64_t cached_tokens = 0;
+  int64_t drafts_seen = 0;
+  int64_t drafts_accepted = 0;
+  int64_t rounds = 0;
+};
+
+Outcome RunCase(const Case& c, bool with_drafts) {
+  Outcome outcome;
+  FakeGroup group(c.num_blocks, c.block_size);
+  auto kv = KvBlockManager::Create({.num_blocks = c.num_blocks,
+                                    .identity = {.model_id = "fake",
+                                                 .kv_dtype = "f32",
+                                                 .block_size_tokens = c.block_size,
+                                                 .tp_world_size = 1}});
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  if (!kv.ok()) return outcome;
+  RoundCostModel cost;
+  ScriptedDrafter drafter(c.wrong_every);
+  PlannerOptions opt{.round_token_budget = c.budget,
+                     .itl_target_ms = c.itl_target_ms,
+                     .min_prefill_chunk = c.min_chunk,
+                     .max_lanes = c.max_lanes,
+                     .max_drafts = with_drafts ? c.max_drafts : 0};
+  SchedState state;
+  std::vector<std::shared_ptr<RequestState>> reqs;
+  std::map<RequestState*, int32_t> stops;
+  for (size_t i = 0; i < c.requests.size(); ++i) {
+    auto r = std::make_shared<RequestState>();
+    r->queue = std::make_shared<ResponseQueue>();
+    r->p.prompt = PromptOf(c.requests[i], static_cast<int>(i));
+    r->p.max_tokens = c.requests[i].max_tokens;
+    r->p.sampling.set_temperature(0);
+    r->p.sampling.set_seed(1);
+    r->choices.resize(1);
+    r->choices_left = 1;
+    stops[r.get()] = c.requests[i].stop_token;
+    reqs.push_back(r);
+  }
+  RecordingSink sink(stops);
+  std::deque<PlannedRound> in_flight;
+  int64_t round = 0;
+  size_t next_arrival = 0;
+  auto all_done = [&] {
+    return next_arrival == reqs.size() && state.lanes.empty() && state.waiting.empty() &&
+           state.pending_release.empty() && in_flight.empty();
+  };
+  while (!all_done() && round < c.max_rounds) {
+    for (; next_arrival < reqs.size() && c.requests[next_arrival].arrival_round <= round;
+         ++next_arrival) {
+      state.waiting.push_back({reqs[next_arrival], 0});
+    }
+    ++round;
+    if (in_flight.size() < static_cast<size_t>(c.depth)) {
+      PlannedRound planned;
+      PlanRound(state, **kv, cost, opt, with_drafts ? &drafter : nullptr, &planned);
+      outcome.preemptions += planned.preemptions;
+      outcome.cached_tokens += planned.admitted_cached_tokens;
+      if (planned.plan.rows_size() > 0) {
+        int64_t tokens = 0;
+        bool decode = false, prefill = false;
+        for (const v1::LaneStep& row : planned.plan.rows()) {
+          tokens += RowTokens(row);
+          decode |= row.use_last_sampled();
+          prefill |= !row.use_last_sampled() && row.token_ids_size() > 0;
+        }
+        EXPECT_LE(tokens, c.budget) << "round " << planned.plan.round_id();
+        if (c.max_mixed_round_tokens > 0 && decode && prefill && cost.ready()) {
+          EXPECT_LE(tokens, c.max_mixed_round_tokens) << "round " << planned.plan.round_id();
+        }
+        EXPECT_TRUE(group.Send(planned.plan).ok());
+        in_flight.push_back(std::move(planned));
+        ++outcome.rounds;
+        if (in_flight.size() < static_cast<size_t>(c.depth)) continue;
+      }
+    }
+    if (in_flight.empty()) continue;
+    absl::StatusOr<v1::RoundResult> result = group.Receive();
+    EXPECT_TRUE(result.ok());
+    if (!result.ok()) break;
+    const AppliedRound a = ApplyRoundResult(in_flight.front(), *result, state, **kv, sink);
+    in_flight.pop_front();
+    // A round costs 2 ms plus 0.5 ms per token.
+    cost.Observe(a.tokens, 2000 + 500.0 * static_cast<double>(a.tokens), a.attended);
+    // The ledger and the workers agree on every lane with nothing in flight.
+    for (const auto& lane : state.lanes) {
+      if (lane->gone || lane->rows_in_flight > 0) continue;
+      if (group.positions(lane->id) < 0) continue;  // admitted, not yet fed
+      EXPECT_EQ(lane->fed, group.positions(lane->id)) << c.name << " lane " << lane->id;
+      const int64_t want = std::max(lane->fed, lane->prompt_len);
+      EXPECT_EQ(static_cast<int64_t>((*kv)->BlockTable(lane->id)->size()),
+                (want + c.block_size - 1) / c.block_size)
+          << c.name << " lane " << lane->id;
+    }
+    for (const std::string& e : group.errors()) ADD_FAILURE() << c.name << ": " << e;
+    if (!group.errors().empty()) break;
+  }
+  EXPECT_TRUE(all_done()) << c.name << ": not finished after " << round << " steps";
+  for (auto& r : reqs) {
+    EXPECT_FALSE(r->failed) << c.name;
+    outcome.tokens.push_back(r->choices[0].generated);
+  }
+  outcome.drafts_seen = group.drafts_seen();
+  outcome.drafts_accepted = group.drafts_accepted();
+  // Every block is back: free or cached.
+  const KvBlockStats st = (*kv)->stats();
+  EXPECT_EQ(st.free_blocks + st.evictable_blocks, c.num_blocks) << c.name;
+  return outcome;
+}
+
+std::vector<Case> Cases() {
+  return {
+      {.name = "one lane prefill then decode", .requests = {{.prompt_len = 10, .max_tokens = 6}}},
+      {.name = "admission in arrival order, staggered",
+       .requests = {{.prompt_len = 9, .max_tokens = 7},
+                    {.prompt_len = 5, .max_tokens = 9, .arrival_round = 3},
+                    {.prompt_len = 13, .max_tokens = 4, .arrival_round = 5}}},
+      {.name = "max_lanes holds back the rest",
+       .requests = {{.prompt_len = 6, .max_tokens = 5},
+                    {.prompt_len = 6, .max_tokens = 5},
+                    {.prompt_len = 6, .max_tokens = 5},
+                    {.prompt_len = 6, .max_tokens = 5}},
+       .max_lanes = 2},
+      {.name = "token budget chunks a long prompt",
+       .requests = {{.prompt_len = 70, .max_tokens = 3}, {.prompt_len = 5, .max_tokens = 8}},
+       .num_blocks = 128,
+       .budget = 16},
+      {.name = "chunk sizing under the ITL target",
+       .requests = {{.prompt_len = 6, .max_tokens = 60},
+                    {.prompt_len = 200, .max_tokens = 2, .arrival_round = 8}},
+       .num_blocks = 128,
+       .budget = 256,
+       .itl_target_ms = 20,
+       .min_chunk = 4,
+       // 2 ms + 0.5 ms per token under 20 ms: at most 36 tokens.
+       .max_mixed_round_tokens = 36},
+      {.name = "pipeline depth 1",
+       .requests = {{.prompt_len = 7, .max_tokens = 6}, {.prompt_len = 5, .max_tokens = 6}},
+       .depth = 1},
+      {.name = "lanes stop mid-pipeline",
+       .requests = {{.prompt_len = 7, .max_tokens = 40, .stop_token = 10},
+                    {.prompt_len = 9, .max_tokens = 40, .stop_token = 20},
+                    {.prompt_len = 4, .max_tokens = 3}}},
+      {.name = "preemption when the pool runs out",
+       .requests = {{.prompt_len = 8, .max_tokens = 20},
+                    {.prompt_len = 8, .max_tokens = 20},
+                    {.prompt_len = 8, .max_tokens = 20}},
+       .num_blocks = 14,
+       .expect_preemption = true},
+      {.name = "prefix hit of an identical resend",
+       .requests =
+           {{.prompt_len = 17, .max_tokens = 4, .family = 1, .shared = 17},
+            {.prompt_len = 17, .max_tokens = 4, .arrival_round = 12, .family = 1, .shared = 17}},
+       .expect_prefix_hit = true},
+      {.name = "shared prefix, different tails",
+       .requests =
+           {{.prompt_len = 20, .max_tokens = 5, .family = 2, .shared = 12},
+            {.prompt_len = 20, .max_tokens = 5, .arrival_round = 10, .family = 2, .shared = 12}},
+       .expect_prefix_hit = true},
+      {.name = "verify rows, drafts partly rejected",
+       .requests = {{.prompt_len = 6, .max_tokens = 30},
+                    {.prompt_len = 9, .max_tokens = 25, .arrival_round = 2}},
+       .max_drafts = 4,
+       .wrong_every = 3,
+       .expect_drafts_rejected = true,
+       .expect_fewer_rounds = true},
+      {.name = "verify rows with pipelined prefill beside them",
+       .requests = {{.prompt_len = 5, .max_tokens = 20},
+                    {.prompt_len = 40, .max_tokens = 12, .arrival_round = 4},
+                    {.prompt_len = 7, .max_tokens = 16, .arrival_round = 6, .stop_token = 30}},
+       .budget = 24,
+       .max_drafts = 3,
+       .wrong_every = 2,
+       .expect_drafts_rejected = true},
+      {.name = "verify rows under preemption",
+       .requests = {{.prompt_len = 8, .max_tokens = 24},
+                    {.prompt_len = 8, .max_tokens = 24},
+                    {.prompt_len = 8, .max_tokens = 24}},
+       .num_blocks = 16,
+       .max_drafts = 5,
+       .wrong_every = 4,
+       .expect_preemption = true,
+       .expect_drafts_rejected = true},
+  };
+}
+
+class PlannerTableTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PlannerTableTest, EveryChoiceEqualsItsSoloRunAndTheLedgerMatchesTheWorkers) {
+  const Case& c = GetParam();
+  const Outcome plain = RunCase(c, /*with_drafts=*/false);
+  ASSERT_EQ(plain.tokens.size(), c.requests.size());
+  for (size_t i = 0; i < c.requests.size(); ++i) {
+    std::vector<int32_t> want =
+        Reference(PromptOf(c.requests[i], static_cast<int>(i)), c.requests[i].max_tokens);
+    if (c.requests[i].stop_token >= 0) {
+      auto it = std::find(want.begin(), want.end(), c.requests[i].stop_token);
+      if (it != want.end()) want.erase(it + 1, want.end());
+    }
+    EXPECT_EQ(plain.tokens[i], want) << c.name << " request " << i;
+  }
+  if (c.expect_preemption) EXPECT_GT(plain.preemptions, 0) << c.name;
+  if (c.expect_prefix_hit) EXPECT_GT(plain.cached_tokens, 0) << c.name;
+  if (c.max_drafts > 0) {
+    // Speculation on gives the same tokens, in fewer rounds.
+    const Outcome spec = RunCase(c, /*with_drafts=*/true);
+    EXPECT_EQ(spec.tokens, plain.tokens) << c.name;
+    EXPECT_GT(spec.drafts_accepted, 0) << c.name;
+    if (c.expect_drafts_rejected) EXPECT_LT(spec.drafts_accepted, spec.drafts_seen) << c.name;
+    if (c.expect_fewer_rounds) EXPECT_LT(spec.rounds, plain.rounds) << c.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PlannerTableTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string n;
+                           for (char ch : info.param.name) n += std::isalnum(ch) ? ch : '_';
+                           return n;
+                         });
+
+// A plan the workers rejected fails the requests of the lanes it fed.
+TEST(ApplierTest, RejectedRoundFailsItsLanes) {
+  auto kv = KvBlockManager::Create(
+      {.num_blocks = 8,
+       .identity = {
+           .model_id = "fake", .kv_dtype = "f32", .block_size_tokens = 4, .tp_world_size = 1}});
+  ASSERT_TRUE(kv.ok());
+  SchedState state;
+  auto r = std::make_shared<RequestState>();
+  r->queue = std::make_shared<ResponseQueue>();
+  r->p.prompt = {5, 6, 7};
+  r->p.max_tokens = 4;
+  r->choices.resize(1);
+  r->choices_left = 1;
+  state.waiting.push_back({r, 0});
+  RoundCostModel cost;
+  PlannedRound planned;
+  PlanRound(state, **kv, cost, {.round_token_budget = 16}, nullptr, &planned);
+  ASSERT_EQ(planned.plan.rows_size(), 1);
+  v1::RoundResult result;
+  result.set_round_id(planned.plan.round_id());
+  result.mutable_error()->set_code(3);
+  result.mutable_error()->set_message("bad plan");
+  RecordingSink sink({});
+  ApplyRoundResult(planned, result, state, **kv, sink);
+  EXPECT_TRUE(r->failed);
+  std::vector<v1::GenerateResponse> msgs;
+  absl::Status st;
+  EXPECT_TRUE(r->queue->Take(absl::ZeroDuration(), &msgs, &st));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace ringlane::router
