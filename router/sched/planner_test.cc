@@ -512,15 +512,23 @@ TEST_P(PlannerTableTest, EveryChoiceEqualsItsSoloRunAndTheLedgerMatchesTheWorker
     }
     EXPECT_EQ(plain.tokens[i], want) << c.name << " request " << i;
   }
-  if (c.expect_preemption) EXPECT_GT(plain.preemptions, 0) << c.name;
-  if (c.expect_prefix_hit) EXPECT_GT(plain.cached_tokens, 0) << c.name;
+  if (c.expect_preemption) {
+    EXPECT_GT(plain.preemptions, 0) << c.name;
+  }
+  if (c.expect_prefix_hit) {
+    EXPECT_GT(plain.cached_tokens, 0) << c.name;
+  }
   if (c.max_drafts > 0) {
     // Speculation on gives the same tokens, in fewer rounds.
     const Outcome spec = RunCase(c, /*with_drafts=*/true);
     EXPECT_EQ(spec.tokens, plain.tokens) << c.name;
     EXPECT_GT(spec.drafts_accepted, 0) << c.name;
-    if (c.expect_drafts_rejected) EXPECT_LT(spec.drafts_accepted, spec.drafts_seen) << c.name;
-    if (c.expect_fewer_rounds) EXPECT_LT(spec.rounds, plain.rounds) << c.name;
+    if (c.expect_drafts_rejected) {
+      EXPECT_LT(spec.drafts_accepted, spec.drafts_seen) << c.name;
+    }
+    if (c.expect_fewer_rounds) {
+      EXPECT_LT(spec.rounds, plain.rounds) << c.name;
+    }
   }
 }
 
