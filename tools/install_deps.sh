@@ -14,6 +14,7 @@ PACKAGES=(
   libgloo-dev libibverbs-dev librdmacm-dev
   libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev
   gnuplot-nox prometheus
+  ccache clang openssl
 )
 
 # Node.js and npm for tests/openai_client; Debian's when none is installed (a
