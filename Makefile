@@ -11,7 +11,7 @@ WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
 
-.PHONY: all deps configure build test serve generate asan bench format clean
+.PHONY: all deps configure build test serve generate asan bench soak format clean
 
 all: build
 
@@ -51,6 +51,11 @@ bench: build
 	@test -f $(BUILD)/models/synth-1b1-fp8/config.json || \
 	  $(BUILD)/tools/ringlane-synth-model --preset=1b1 --out=$(BUILD)/models/synth-1b1-fp8
 	@$(BUILD)/tools/ringlane-engine-bench --model=$(BUILD)/models/synth-1b1-fp8
+
+# Issue 13's soak: 5 streams for SOAK_SECONDS (600) against a local TP2
+# cluster; RSS and open descriptors of every daemon must stay flat.
+soak: build
+	@BUILD=$(BUILD) SOAK_SECONDS=$(or $(SOAK_SECONDS),600) tools/soak.sh
 
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i

@@ -24,11 +24,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "router/request/chat_template.h"
 #include "router/api/gateway.h"
 #include "router/api/generate_service.h"
-#include "router/router.h"
+#include "router/request/chat_template.h"
 #include "router/request/seed.h"
+#include "router/router.h"
 #include "router/tokenizer/tokenizer.h"
 #include "services/flags_util.h"
 #include "services/log.h"
@@ -73,10 +73,27 @@ ABSL_FLAG(bool, allow_unauthenticated, false,
           "serve a non-loopback --http_listen without API keys");
 ABSL_FLAG(bool, metrics_require_key, false, "require an API key for /metrics too");
 ABSL_FLAG(int, max_concurrent_per_key, 64,
-          "generation requests in progress per API key (one shared count without keys); 0 = no "
-          "limit");
+          "choices (prompts x n) of generation requests in progress per API key (per client IP "
+          "without keys); 0 = no limit");
 ABSL_FLAG(int64_t, max_body_bytes, 16 << 20, "largest HTTP request body; larger is 413");
 ABSL_FLAG(int, http_max_connections, 1024, "HTTP connections open at once; more get 503");
+ABSL_FLAG(int, http_max_connections_per_peer, 256,
+          "HTTP connections open at once from one client IP; more get 503 (probes are still "
+          "answered); 0 = no limit");
+ABSL_FLAG(int, http_first_byte_timeout_ms, 10000,
+          "how long a new HTTP connection may stay silent before its first request");
+ABSL_FLAG(int, http_idle_timeout_ms, 60000,
+          "how long an HTTP connection may idle between requests, or take to send one");
+ABSL_FLAG(int, max_json_depth, 64, "deepest nesting of arrays/objects in a request body");
+ABSL_FLAG(int, max_choices_per_request, 64,
+          "prompts x n of one HTTP request (each choice is a lane)");
+ABSL_FLAG(int64_t, max_buffered_logprobs, 1 << 16,
+          "logprob entries (choices x max_tokens x (top_logprobs+1)) a non-streamed response "
+          "may hold; larger requests must stream");
+ABSL_FLAG(int64_t, max_request_id_bytes, 128, "longest request id (body or X-Request-Id)");
+ABSL_FLAG(int64_t, max_session_id_bytes, 256,
+          "longest session id / prompt_cache_key (kept in the affinity map)");
+ABSL_FLAG(int64_t, max_stop_bytes, 1024, "longest stop string");
 ABSL_FLAG(std::string, chat_template, "auto",
           "chat template: auto (from tokenizer_config.json beside --tokenizer; plain when it "
           "has none), plain, chatml, qwen2, llama3, llama3.1 or glm4");
@@ -242,6 +259,39 @@ int main(int argc, char** argv) {
   go.max_body_bytes = static_cast<size_t>(max_body);
   go.max_connections = absl::GetFlag(FLAGS_http_max_connections);
   if (go.max_connections < 1) rs::ExitWithUsageError("--http_max_connections must be >= 1");
+  go.max_connections_per_peer = absl::GetFlag(FLAGS_http_max_connections_per_peer);
+  if (go.max_connections_per_peer < 0) {
+    rs::ExitWithUsageError("--http_max_connections_per_peer must be >= 0");
+  }
+  const int first_byte_ms = absl::GetFlag(FLAGS_http_first_byte_timeout_ms);
+  if (first_byte_ms < 1) rs::ExitWithUsageError("--http_first_byte_timeout_ms must be >= 1");
+  go.first_byte_timeout = std::chrono::milliseconds(first_byte_ms);
+  const int idle_ms = absl::GetFlag(FLAGS_http_idle_timeout_ms);
+  if (idle_ms < 1) rs::ExitWithUsageError("--http_idle_timeout_ms must be >= 1");
+  go.idle_timeout = std::chrono::milliseconds(idle_ms);
+  go.limits.max_json_depth = absl::GetFlag(FLAGS_max_json_depth);
+  if (go.limits.max_json_depth < 8 || go.limits.max_json_depth > 10000) {
+    rs::ExitWithUsageError("--max_json_depth must be in [8, 10000]");
+  }
+  go.limits.max_choices = absl::GetFlag(FLAGS_max_choices_per_request);
+  if (go.limits.max_choices < 1) rs::ExitWithUsageError("--max_choices_per_request must be >= 1");
+  go.max_buffered_logprobs = absl::GetFlag(FLAGS_max_buffered_logprobs);
+  if (go.max_buffered_logprobs < 0) rs::ExitWithUsageError("--max_buffered_logprobs must be >= 0");
+  auto byte_flag = [](int64_t v, const char* name, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) {
+      rs::ExitWithUsageError(absl::StrCat("--", name, " must be in [", lo, ", ", hi, "]"));
+    }
+    return static_cast<size_t>(v);
+  };
+  o.max_request_id_bytes =
+      byte_flag(absl::GetFlag(FLAGS_max_request_id_bytes), "max_request_id_bytes", 8, 4096);
+  o.max_session_id_bytes =
+      byte_flag(absl::GetFlag(FLAGS_max_session_id_bytes), "max_session_id_bytes", 8, 65536);
+  go.max_request_id_bytes = o.max_request_id_bytes;
+  go.limits.max_request_id_bytes = o.max_request_id_bytes;
+  go.limits.max_session_id_bytes = o.max_session_id_bytes;
+  o.max_stop_bytes = byte_flag(absl::GetFlag(FLAGS_max_stop_bytes), "max_stop_bytes", 1, 1 << 20);
+  go.limits.max_stop_bytes = o.max_stop_bytes;
 
   const int connect_ms = absl::GetFlag(FLAGS_connect_timeout_ms);
   if (connect_ms < 1) rs::ExitWithUsageError("--connect_timeout_ms must be positive");

@@ -19,7 +19,10 @@ Router::Router(RouterOptions options, std::unique_ptr<Tokenizer> tokenizer)
                  .seed_policy = options_.seed_policy,
                  .max_choices = options_.max_choices,
                  .max_tokens_default = options_.max_tokens_default,
-                 .loop_watchdog = options_.loop_watchdog.enabled},
+                 .loop_watchdog = options_.loop_watchdog.enabled,
+                 .max_request_id_bytes = options_.max_request_id_bytes,
+                 .max_session_id_bytes = options_.max_session_id_bytes,
+                 .max_stop_bytes = options_.max_stop_bytes},
                 tokenizer_.get(), &options_.chat_template),
       created_unix_s_(absl::ToUnixSeconds(absl::Now())) {}
 

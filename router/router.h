@@ -63,6 +63,10 @@ struct RouterOptions {
   int max_choices = 16;
   // Default max_tokens when a request gives none; 0 = up to the context.
   int max_tokens_default = 0;
+  // Input bounds of every request (HTTP and gRPC); see PrepareOptions.
+  size_t max_request_id_bytes = 128;
+  size_t max_session_id_bytes = 256;
+  size_t max_stop_bytes = 1024;
   // How long one connection attempt to a group waits for it to be formed,
   // and the pause between attempts.
   std::chrono::milliseconds connect_timeout{3000};

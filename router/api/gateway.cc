@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 #include "router/request/errors.h"
+#include "router/request/prepare.h"
 #include "services/log.h"
 
 namespace ringlane::router {
@@ -38,16 +39,21 @@ class KeySlot {
   KeySlot(absl::Mutex* mu, std::map<std::string, int>* counts, std::string key)
       : mu_(mu), counts_(counts), key_(std::move(key)) {}
   ~KeySlot() {
-    if (!held_) return;
+    if (weight_ == 0) return;
     absl::MutexLock l(mu_);
-    if (--(*counts_)[key_] == 0) counts_->erase(key_);
+    if (((*counts_)[key_] -= weight_) <= 0) counts_->erase(key_);
   }
-  bool Acquire(int limit) {
+  // Takes `weight` slots (at least one request's worth may always run
+  // alone, however heavy: the per-request caps bound it).
+  bool Acquire(int limit, int weight) {
     absl::MutexLock l(mu_);
     int& n = (*counts_)[key_];
-    if (limit > 0 && n >= limit) return false;
-    ++n;
-    held_ = true;
+    if (limit > 0 && n > 0 && n + weight > limit) {
+      if (n == 0) counts_->erase(key_);
+      return false;
+    }
+    n += weight;
+    weight_ = weight;
     return true;
   }
 
@@ -55,7 +61,19 @@ class KeySlot {
   absl::Mutex* mu_;
   std::map<std::string, int>* counts_;
   std::string key_;
-  bool held_ = false;
+  int weight_ = 0;
+};
+
+// Holds a gauge up for a scope, whatever way the scope is left.
+class GaugeHold {
+ public:
+  explicit GaugeHold(prometheus::Gauge* g) : g_(g) { g_->Increment(); }
+  ~GaugeHold() { g_->Decrement(); }
+  GaugeHold(const GaugeHold&) = delete;
+  GaugeHold& operator=(const GaugeHold&) = delete;
+
+ private:
+  prometheus::Gauge* g_;
 };
 
 }  // namespace
@@ -107,6 +125,8 @@ absl::StatusOr<std::unique_ptr<Gateway>> Gateway::Start(Router* router, GatewayO
   so.max_body_bytes = options.max_body_bytes;
   so.max_connections = options.max_connections;
   so.idle_timeout = options.idle_timeout;
+  so.first_byte_timeout = options.first_byte_timeout;
+  so.max_connections_per_peer = options.max_connections_per_peer;
   so.error_body = [](int status, std::string_view message) {
     ApiError e = Error(status, status == 413 ? "invalid_request_error" : "server_error",
                        std::string(message));
@@ -144,11 +164,14 @@ int Gateway::SendError(HttpResponder& out, const ApiError& e) {
 }
 
 void Gateway::Handle(const HttpRequest& req, HttpResponder& out) {
-  http_in_flight_->Increment();
   std::string endpoint = "other";
   int status = 500;
-  Route(req, out, &endpoint, &status);
-  http_in_flight_->Decrement();
+  {
+    // A handler that throws (the HTTP server catches it) must not leave the
+    // gauge up.
+    GaugeHold in_flight(http_in_flight_);
+    Route(req, out, &endpoint, &status);
+  }
   http_requests_->Add({{"endpoint", endpoint}, {"status", std::to_string(status)}}).Increment();
 }
 
@@ -231,7 +254,7 @@ int Gateway::Models(HttpResponder& out) {
 }
 
 int Gateway::Tokenize(const HttpRequest& req, HttpResponder& out) {
-  absl::StatusOr<v1::TokenizeRequest> r = openai::ParseTokenizeRequest(req.body);
+  absl::StatusOr<v1::TokenizeRequest> r = openai::ParseTokenizeRequest(req.body, options_.limits);
   if (!r.ok()) return SendError(out, openai::ErrorFromStatus(r.status()));
   absl::StatusOr<v1::TokenizeResponse> t = router_->Tokenize(*r);
   if (!t.ok()) return SendError(out, openai::ErrorFromStatus(t.status()));
@@ -243,7 +266,7 @@ int Gateway::Tokenize(const HttpRequest& req, HttpResponder& out) {
 }
 
 int Gateway::Detokenize(const HttpRequest& req, HttpResponder& out) {
-  auto r = openai::ParseDetokenizeRequest(req.body);
+  auto r = openai::ParseDetokenizeRequest(req.body, options_.limits);
   if (!r.ok()) return SendError(out, openai::ErrorFromStatus(r.status()));
   std::optional<ModelDescription> m = router_->model();
   if (!r->first.empty() && m && r->first != m->model_id) {
@@ -264,23 +287,42 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
     return SendError(out, Error(503, "service_unavailable_error",
                                 "the router is shutting down; retry on another replica"));
   }
+  const std::string client_id = req.Header("x-request-id");
+  if (!client_id.empty()) {
+    // Checked before anything is queued: the id is echoed in a response
+    // header, where CR/LF would inject headers and 70 KB would fail the
+    // write after the lanes were submitted.
+    if (absl::Status st = CheckRequestId("X-Request-Id", client_id, options_.max_request_id_bytes);
+        !st.ok()) {
+      return SendError(out, openai::ErrorFromStatus(st));
+    }
+  }
+  const std::string session_header = req.Header("x-session-id");
   absl::StatusOr<openai::ParsedRequest> parsed =
-      openai::ParseRequest(endpoint, req.body, req.Header("x-session-id"));
+      openai::ParseRequest(endpoint, req.body, session_header, options_.limits);
   if (!parsed.ok()) return SendError(out, openai::ErrorFromStatus(parsed.status()));
   generating_.fetch_add(1);
   struct Done {
     std::atomic<int>* n;
     ~Done() { n->fetch_sub(1); }
   } done_guard{&generating_};
-  KeySlot slot(&mu_, &running_per_key_, key);
-  if (!slot.Acquire(options_.max_concurrent_per_key)) {
+  const int choices = static_cast<int>(parsed->prompts.size()) * parsed->n;
+  // Without API keys, clients are told apart by address: one busy client
+  // must not use up everyone's allowance.
+  const std::string slot_key = !key.empty()
+                                   ? absl::StrCat("key:", key)
+                                   : absl::StrCat("peer:", req.peer.substr(0, req.peer.rfind(':')));
+  KeySlot slot(&mu_, &running_per_key_, slot_key);
+  if (!slot.Acquire(options_.max_concurrent_per_key, choices)) {
     return SendError(
-        out, Error(429, "rate_limit_error",
-                   absl::StrCat("this API key already has ", options_.max_concurrent_per_key,
-                                " requests in progress (--max_concurrent_per_key)"),
-                   "rate_limit_exceeded"));
+        out,
+        Error(429, "rate_limit_error",
+              absl::StrCat("this API key (or client address, without keys) already has choices in "
+                           "progress; at most ",
+                           options_.max_concurrent_per_key,
+                           " at once (--max_concurrent_per_key counts prompts x n)"),
+              "rate_limit_exceeded"));
   }
-  const std::string client_id = req.Header("x-request-id");
   std::vector<PreparedRequest> prepared;
   for (size_t i = 0; i < parsed->prompts.size(); ++i) {
     v1::GenerateRequest& g = parsed->prompts[i];
@@ -297,6 +339,21 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
     }
     prepared.push_back(std::move(*p));
   }
+  if (parsed->logprobs && !parsed->stream) {
+    int64_t entries = 0;
+    for (const PreparedRequest& p : prepared) {
+      entries += int64_t{p.n} * p.max_tokens * (parsed->top_logprobs + 1);
+    }
+    if (entries > options_.max_buffered_logprobs) {
+      return SendError(
+          out, Error(400, "invalid_request_error",
+                     absl::StrCat("logprobs: up to ", entries,
+                                  " logprob entries (choices x max_tokens x (top_logprobs + 1)) "
+                                  "would be held for one response; at most ",
+                                  options_.max_buffered_logprobs,
+                                  " unless stream is true (or ask for fewer max_tokens)")));
+    }
+  }
   const std::string request_id = prepared.front().request_id;
   if (!parsed->user.empty()) {
     RL_LOG(DEBUG) << "request " << request_id << " from user '" << parsed->user << "'";
@@ -308,6 +365,15 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
   auto cancel_all = [&queues] {
     for (auto& q : queues) q->Cancel();
   };
+  // However the handler ends (a finished request, a client gone, a throw
+  // while writing), its lanes do not outlive it. Cancelling a finished
+  // queue does nothing.
+  struct CancelOnExit {
+    std::vector<std::shared_ptr<ResponseQueue>>* queues;
+    ~CancelOnExit() {
+      for (auto& q : *queues) q->Cancel();
+    }
+  } cancel_on_exit{&queues};
   for (PreparedRequest& p : prepared) {
     auto q = std::make_shared<ResponseQueue>(notifier);
     if (absl::Status st = router_->Submit(std::move(p), q); !st.ok()) {

@@ -38,12 +38,24 @@ struct GatewayOptions {
   std::set<std::string> api_keys;
   // Whether /metrics needs a key too (when keys are set).
   bool metrics_require_key = false;
-  // Generation requests in progress per API key (all clients share one
-  // count when no keys are set); 0 = no limit.
+  // Choices (prompts x n) of generation requests in progress per API key
+  // (per client IP when no keys are set); 0 = no limit.
+  // Counting choices, not requests: one request with 16 prompts x n=16 is
+  // 256 lanes' worth of work.
   int max_concurrent_per_key = 0;
+  // Bounds on request bodies (JSON depth, choices per request, strings).
+  openai::RequestLimits limits;
+  // Longest X-Request-Id (the router's --max_request_id_bytes).
+  size_t max_request_id_bytes = 128;
+  // Logprob entries ((top_logprobs + 1) x max_tokens x choices) a
+  // non-streamed response may hold; larger requests must stream. Each entry
+  // costs about a kilobyte as JSON.
+  int64_t max_buffered_logprobs = 1 << 16;
   size_t max_body_bytes = 16 << 20;
   int max_connections = 1024;
+  int max_connections_per_peer = 256;
   std::chrono::milliseconds idle_timeout{60000};
+  std::chrono::milliseconds first_byte_timeout{10000};
   // Seconds a 429 asks the client to wait (Retry-After).
   int retry_after_s = 1;
 };

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +54,16 @@ constexpr size_t kReadBytes = 16 << 10;
 constexpr std::chrono::milliseconds kLinger{1000};
 // Connections being answered 503 at once; beyond that they are just closed.
 constexpr int kMaxRejecting = 64;
+// How long a connection over the limits may take to send its request (a
+// probe's is one short line) before it is closed unanswered.
+constexpr std::chrono::milliseconds kRejectReadTimeout{1000};
+// Bytes held unparsed: Beast needs a whole line (a header field, a chunk
+// header with its extensions, a trailer field) before it consumes it, and
+// the header limit does not cover chunk headers or trailers.
+constexpr size_t kMaxBufferedBytes = kHeaderLimitBytes + kReadBytes;
+// Framing a body may add on the wire (chunk headers, trailers) beyond twice
+// the body itself: legitimate chunks are far larger than their framing.
+constexpr size_t kFramingSlackBytes = 128 << 10;
 
 std::string ErrorType(int status) {
   switch (status) {
@@ -166,6 +177,19 @@ void PeerAddress(int fd, std::string& peer, bool& loopback) {
   }
 }
 
+// The client's IP as text (no port), the key of the per-peer limit.
+std::string PeerIp(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, text,
+                sizeof(text));
+  } else if (addr.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, text,
+                sizeof(text));
+  }
+  return text;
+}
+
 // What a connection's thread needs from the server; fixed for its lifetime.
 struct ConnectionEnv {
   const HttpServerOptions* options;
@@ -215,7 +239,10 @@ class Responder final : public HttpResponder {
 // by the server (under its mutex), not by this object.
 class Connection {
  public:
-  Connection(int fd, const ConnectionEnv& env) : fd_(fd), env_(env) {
+  // `idle` (may be null) is kept true while the connection waits for the
+  // first byte of a request: the server may evict it then, under pressure.
+  Connection(int fd, const ConnectionEnv& env, std::atomic<bool>* idle)
+      : fd_(fd), env_(env), idle_(idle) {
     PeerAddress(fd, peer_, peer_is_loopback_);
   }
 
@@ -229,10 +256,24 @@ class Connection {
   bool shutting_down() const { return env_.shutting_down(); }
 
  private:
-  enum class ReadResult { kRequest, kClosed, kBadRequest, kBodyTooLarge, kHeaderTooLarge };
+  enum class ReadResult {
+    kRequest,
+    kClosed,
+    kBadRequest,
+    kBodyTooLarge,
+    kHeaderTooLarge,
+    kLineTooLong,
+    kWireTooLarge
+  };
   enum class Wait { kReadable, kTimeout, kWake };
 
-  ReadResult ReadRequest(http::request_parser<http::string_body>& parser);
+  // Reads one request. Its first byte must arrive by `first_byte_deadline`,
+  // all of it by `deadline`.
+  ReadResult ReadRequest(http::request_parser<http::string_body>& parser,
+                         Clock::time_point first_byte_deadline, Clock::time_point deadline);
+  // Runs the handler on a parsed request. False when the connection must
+  // close afterwards.
+  bool Dispatch(http::request<http::string_body>& message, bool keep_alive_allowed);
   Wait WaitReadable(Clock::time_point deadline, bool watch_wake);
   // A response made by the server itself, body from options.error_body.
   // False when it could not be sent.
@@ -242,6 +283,7 @@ class Connection {
 
   const int fd_;
   const ConnectionEnv& env_;
+  std::atomic<bool>* const idle_;
   std::string peer_;
   bool peer_is_loopback_ = false;
   // Bytes read but not yet parsed (the start of a pipelined request).
@@ -333,9 +375,14 @@ Connection::Wait Connection::WaitReadable(Clock::time_point deadline, bool watch
   }
 }
 
-Connection::ReadResult Connection::ReadRequest(http::request_parser<http::string_body>& parser) {
-  const Clock::time_point deadline = Clock::now() + env_.options->idle_timeout;
+Connection::ReadResult Connection::ReadRequest(http::request_parser<http::string_body>& parser,
+                                               Clock::time_point first_byte_deadline,
+                                               Clock::time_point deadline) {
   bool header_seen = false;
+  // Every byte of this request read from the socket, framing included.
+  size_t wire_bytes = buffer_.size();
+  const size_t max_wire_bytes =
+      kHeaderLimitBytes + 2 * env_.options->max_body_bytes + kFramingSlackBytes;
   for (;;) {
     if (buffer_.size() > 0) {
       beast::error_code ec;
@@ -367,10 +414,14 @@ Connection::ReadResult Connection::ReadRequest(http::request_parser<http::string
       }
     }
 
+    if (buffer_.size() > kMaxBufferedBytes) {
+      return header_seen ? ReadResult::kLineTooLong : ReadResult::kHeaderTooLarge;
+    }
+    if (wire_bytes > max_wire_bytes) return ReadResult::kWireTooLarge;
     // Only a connection with nothing of its next request yet is idle and
     // closed by Shutdown; one partway through a request gets to finish it.
     const bool idle = buffer_.size() == 0 && !parser.got_some();
-    switch (WaitReadable(deadline, idle)) {
+    switch (WaitReadable(idle ? std::min(first_byte_deadline, deadline) : deadline, idle)) {
       case Wait::kWake:
         return ReadResult::kClosed;
       case Wait::kTimeout:
@@ -382,7 +433,9 @@ Connection::ReadResult Connection::ReadRequest(http::request_parser<http::string
     const auto space = buffer_.prepare(kReadBytes);
     const ssize_t n = ::recv(fd_, space.data(), space.size(), MSG_DONTWAIT);
     if (n > 0) {
+      if (idle_ != nullptr) idle_->store(false);
       buffer_.commit(static_cast<size_t>(n));
+      wire_bytes += static_cast<size_t>(n);
     } else if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
       continue;
     } else {
@@ -415,12 +468,33 @@ void Connection::LingeringClose() {
 }
 
 void Connection::Reject() {
+  // Reads the request (briefly) to tell a probe from the flood: a probe gets
+  // its real answer, anything else 503.
+  http::request_parser<http::string_body> parser;
+  parser.header_limit(kHeaderLimitBytes);
+  parser.body_limit(env_.options->max_body_bytes);
+  const Clock::time_point deadline = Clock::now() + kRejectReadTimeout;
+  if (ReadRequest(parser, deadline, deadline) == ReadResult::kRequest) {
+    http::request<http::string_body>& message = parser.get();
+    const std::string target = ToString(message.target());
+    const std::string path = target.substr(0, target.find('?'));
+    const auto& probes = env_.options->probe_paths;
+    if (message.method() == http::verb::get &&
+        std::find(probes.begin(), probes.end(), path) != probes.end()) {
+      Dispatch(message, /*keep_alive_allowed=*/false);
+      LingeringClose();
+      return;
+    }
+  } else if (buffer_.size() == 0) {
+    return;  // it never spoke, or it went away: nobody to answer
+  }
   SendError(503, "too many connections; retry later");
   LingeringClose();
 }
 
 void Connection::Serve() {
   const HttpServerOptions& options = *env_.options;
+  bool first = true;
   for (;;) {
     // Shutdown closes connections idle between requests; one whose next
     // request has begun to arrive reads it and answers 503 instead.
@@ -428,7 +502,13 @@ void Connection::Serve() {
     http::request_parser<http::string_body> parser;
     parser.header_limit(kHeaderLimitBytes);
     parser.body_limit(options.max_body_bytes);
-    switch (ReadRequest(parser)) {
+    if (idle_ != nullptr) idle_->store(buffer_.size() == 0);
+    const Clock::time_point now = Clock::now();
+    const Clock::time_point deadline = now + options.idle_timeout;
+    const Clock::time_point first_byte_deadline =
+        first ? now + options.first_byte_timeout : deadline;
+    first = false;
+    switch (ReadRequest(parser, first_byte_deadline, deadline)) {
       case ReadResult::kRequest:
         break;
       case ReadResult::kClosed:
@@ -445,53 +525,66 @@ void Connection::Serve() {
         SendError(431, absl::StrCat("request header exceeds ", kHeaderLimitBytes, " bytes"));
         LingeringClose();
         return;
+      case ReadResult::kLineTooLong:
+        SendError(400, absl::StrCat("a chunk header or trailer line exceeds ", kMaxBufferedBytes,
+                                    " bytes"));
+        LingeringClose();
+        return;
+      case ReadResult::kWireTooLarge:
+        SendError(413,
+                  absl::StrCat("request exceeds ",
+                               kHeaderLimitBytes + 2 * options.max_body_bytes + kFramingSlackBytes,
+                               " bytes on the wire (chunk framing and trailer included)"));
+        LingeringClose();
+        return;
     }
     if (shutting_down()) {
       SendError(503, "server is shutting down");
       return;
     }
 
-    http::request<http::string_body>& message = parser.get();
-    HttpRequest request;
-    request.method = ToString(message.method_string());
-    const std::string target = ToString(message.target());
-    const size_t question = target.find('?');
-    request.path = target.substr(0, question);
-    if (question != std::string::npos) request.query = target.substr(question + 1);
-    for (const auto& field : message) {
-      request.headers[absl::AsciiStrToLower(ToString(field.name_string()))] =
-          ToString(field.value());
-    }
-    request.body = std::move(message.body());
-    request.peer = peer_;
-    request.peer_is_loopback = peer_is_loopback_;
-
-    Responder responder(*this, message.version(), message.keep_alive());
-    bool threw = false;
-    try {
-      (*env_.handler)(request, responder);
-    } catch (const std::exception& e) {
-      RL_LOG(ERROR) << "http handler for " << request.method << " " << request.path
-                    << " threw: " << e.what();
-      threw = true;
-    } catch (...) {
-      RL_LOG(ERROR) << "http handler for " << request.method << " " << request.path
-                    << " threw a non-exception";
-      threw = true;
-    }
-    if (!responder.responded()) {
-      // A handler that threw may have left shared state half-updated; only
-      // one that merely forgot to answer keeps its connection.
-      const bool keep_alive = !threw && message.keep_alive() && !shutting_down();
-      const bool sent = SendError(
-          500,
-          threw ? "internal error: handler failed" : "internal error: handler sent no response",
-          keep_alive);
-      if (!sent || !keep_alive) return;
-      continue;
-    }
-    if (threw || !responder.reusable()) return;
+    if (!Dispatch(parser.get(), /*keep_alive_allowed=*/true)) return;
   }
+}
+
+bool Connection::Dispatch(http::request<http::string_body>& message, bool keep_alive_allowed) {
+  HttpRequest request;
+  request.method = ToString(message.method_string());
+  const std::string target = ToString(message.target());
+  const size_t question = target.find('?');
+  request.path = target.substr(0, question);
+  if (question != std::string::npos) request.query = target.substr(question + 1);
+  for (const auto& field : message) {
+    request.headers[absl::AsciiStrToLower(ToString(field.name_string()))] = ToString(field.value());
+  }
+  request.body = std::move(message.body());
+  request.peer = peer_;
+  request.peer_is_loopback = peer_is_loopback_;
+
+  const bool keep_alive = keep_alive_allowed && message.keep_alive();
+  Responder responder(*this, message.version(), keep_alive);
+  bool threw = false;
+  try {
+    (*env_.handler)(request, responder);
+  } catch (const std::exception& e) {
+    RL_LOG(ERROR) << "http handler for " << request.method << " " << request.path.substr(0, 64)
+                  << " threw: " << e.what();
+    threw = true;
+  } catch (...) {
+    RL_LOG(ERROR) << "http handler for " << request.method << " " << request.path.substr(0, 64)
+                  << " threw a non-exception";
+    threw = true;
+  }
+  if (!responder.responded()) {
+    // A handler that threw may have left shared state half-updated; only
+    // one that merely forgot to answer keeps its connection.
+    const bool keep = !threw && keep_alive && !shutting_down();
+    const bool sent = SendError(
+        500, threw ? "internal error: handler failed" : "internal error: handler sent no response",
+        keep);
+    return sent && keep;
+  }
+  return !threw && responder.reusable();
 }
 
 }  // namespace
@@ -510,6 +603,11 @@ struct HttpServer::Impl {
     // mu without racing a close (and hitting a reused fd number).
     int fd = -1;
     bool rejecting = false;
+    std::string peer_ip;  // counted in per_peer while not rejecting
+    // Waiting for the first byte of a request (set by its thread).
+    std::atomic<bool> idle{true};
+    // Shut down to make room; no longer counted in active or per_peer.
+    bool evicted = false;
     std::thread thread;
   };
 
@@ -529,7 +627,11 @@ struct HttpServer::Impl {
   }
 
   void AcceptLoop();
-  void RunConnection(uint64_t id, int fd, bool rejecting);
+  void RunConnection(uint64_t id, int fd, bool rejecting, std::atomic<bool>* idle);
+  // Under pressure: shuts down the oldest connection waiting for a request
+  // (of `ip` only, when not empty) and stops counting it. False when every
+  // connection is busy.
+  bool EvictIdle(const std::string& ip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void EndConnection(uint64_t id) ABSL_LOCKS_EXCLUDED(mu);
   bool NoConnections() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return conns.empty(); }
   std::vector<std::thread> TakeFinished() ABSL_LOCKS_EXCLUDED(mu) {
@@ -556,6 +658,8 @@ struct HttpServer::Impl {
   // Connections being served (not the ones being answered 503).
   int active ABSL_GUARDED_BY(mu) = 0;
   int rejecting ABSL_GUARDED_BY(mu) = 0;
+  // Connections being served, by client IP.
+  std::map<std::string, int> per_peer ABSL_GUARDED_BY(mu);
   // Threads of ended connections, joined by the accept loop or Shutdown.
   std::vector<std::thread> finished ABSL_GUARDED_BY(mu);
 };
@@ -567,7 +671,10 @@ void HttpServer::Impl::AcceptLoop() {
     const int ready = ::poll(fds, 2, -1);
     if (ready < 0 && errno == EINTR) continue;
     if (fds[1].revents != 0) return;
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    const int fd =
+        ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &addr_len, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         RL_LOG(WARNING) << "http accept: " << std::strerror(errno);
@@ -584,28 +691,60 @@ void HttpServer::Impl::AcceptLoop() {
       ::close(fd);
       return;
     }
-    const bool reject = active >= options.max_connections;
+    std::string ip = PeerIp(addr);
+    auto peer_count = per_peer.find(ip);
+    const bool peer_full = options.max_connections_per_peer > 0 && peer_count != per_peer.end() &&
+                           peer_count->second >= options.max_connections_per_peer;
+    // A flood of connections that never speak must not lock out clients
+    // and probes: the oldest connection waiting for a request makes room
+    // (of this peer when it is the peer's share that is full). Only when
+    // every connection is busy is the new one answered 503.
+    bool reject = false;
+    if (peer_full) {
+      reject = !EvictIdle(ip);
+    } else if (active >= options.max_connections) {
+      reject = !EvictIdle("");
+    }
     if (reject && rejecting >= kMaxRejecting) {
       ::close(fd);
       continue;
     }
     ++(reject ? rejecting : active);
+    if (!reject) ++per_peer[ip];
     const uint64_t id = next_id++;
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
     conn->rejecting = reject;
+    conn->peer_ip = std::move(ip);
     // Started under mu: the thread's EndConnection needs mu, so `thread` is
     // assigned before the thread can move it to `finished`.
-    conn->thread = std::thread([this, id, fd, reject] { RunConnection(id, fd, reject); });
+    std::atomic<bool>* idle = &conn->idle;
+    conn->thread =
+        std::thread([this, id, fd, reject, idle] { RunConnection(id, fd, reject, idle); });
     conns.emplace(id, std::move(conn));
   }
 }
 
-void HttpServer::Impl::RunConnection(uint64_t id, int fd, bool rejecting) {
+bool HttpServer::Impl::EvictIdle(const std::string& ip) {
+  for (auto& [id, conn] : conns) {  // oldest first
+    if (conn->rejecting || conn->evicted || !conn->idle.load()) continue;
+    if (!ip.empty() && conn->peer_ip != ip) continue;
+    // Its thread sees EOF and ends; the fd is closed there, as always.
+    ::shutdown(conn->fd, SHUT_RDWR);
+    conn->evicted = true;
+    --active;
+    auto peer = per_peer.find(conn->peer_ip);
+    if (peer != per_peer.end() && --peer->second <= 0) per_peer.erase(peer);
+    return true;
+  }
+  return false;
+}
+
+void HttpServer::Impl::RunConnection(uint64_t id, int fd, bool rejecting, std::atomic<bool>* idle) {
   // An exception escaping a thread ends the process; one from Beast or the
   // allocator ends only this connection.
   try {
-    Connection connection(fd, env);
+    Connection connection(fd, env, rejecting ? nullptr : idle);
     if (rejecting) {
       connection.Reject();
     } else {
@@ -622,7 +761,13 @@ void HttpServer::Impl::EndConnection(uint64_t id) {
   auto it = conns.find(id);
   Conn& conn = *it->second;
   ::close(conn.fd);
-  --(conn.rejecting ? rejecting : active);
+  if (conn.rejecting) {
+    --rejecting;
+  } else if (!conn.evicted) {
+    --active;
+    auto peer = per_peer.find(conn.peer_ip);
+    if (peer != per_peer.end() && --peer->second <= 0) per_peer.erase(peer);
+  }
   finished.push_back(std::move(conn.thread));
   conns.erase(it);
 }
@@ -643,6 +788,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   }
   if (options.idle_timeout <= std::chrono::milliseconds::zero()) {
     return absl::InvalidArgumentError("idle_timeout must be positive");
+  }
+  if (options.first_byte_timeout <= std::chrono::milliseconds::zero()) {
+    return absl::InvalidArgumentError("first_byte_timeout must be positive");
+  }
+  if (options.max_connections_per_peer < 0) {
+    return absl::InvalidArgumentError("max_connections_per_peer must be >= 0");
   }
   if (!handler) return absl::InvalidArgumentError("no handler");
   if (!options.error_body) options.error_body = DefaultErrorBody;

@@ -79,15 +79,31 @@ struct HttpServerOptions {
   std::string listen = "127.0.0.1:8080";
   // Larger bodies get 413 without the handler being called.
   size_t max_body_bytes = 8 << 20;
-  // Connections open at once; one more is answered 503 and closed.
+  // Connections open at once; one more is answered 503 and closed (after
+  // its request is read, briefly, so that probes still get answered: see
+  // probe_paths).
   int max_connections = 1024;
+  // Connections open at once from one client address (IP, any port); 0 = no
+  // limit. Beyond it the client's next connection is treated as over
+  // max_connections.
+  int max_connections_per_peer = 256;
   // How long a connection may sit idle between requests (keep-alive), or
   // take to send one request's header and body, before it is closed.
   std::chrono::milliseconds idle_timeout{60000};
+  // How long a new connection may take to send the first byte of its first
+  // request. Short, because a connection that never speaks holds a slot:
+  // 1,024 of them would lock every client (and the probes) out.
+  std::chrono::milliseconds first_byte_timeout{10000};
+  // GET paths answered even on a connection over the limits (liveness and
+  // readiness probes must not be locked out by a flood). Their handler must
+  // be cheap and never block.
+  std::vector<std::string> probe_paths = {"/health", "/ready"};
   // The body (JSON) of responses the server makes itself: 400 for
   // unparseable HTTP, 413 for a body over the limit, 431 for a request
   // header over 64 KiB, 500 for a handler that threw or sent nothing, 503
-  // for too many connections or while shutting down. Default:
+  // for too many connections or while shutting down; 400 also for a chunk
+  // header or trailer line over 64 KiB, 413 for a request whose bytes on the
+  // wire (framing included) exceed twice max_body_bytes plus 128 KiB. Default:
   // {"error":{"message":...,"type":...,"code":null}}.
   std::function<std::string(int status, std::string_view message)> error_body;
 };

@@ -139,9 +139,9 @@ absl::StatusOr<int64_t> Integer(const json& v, std::string_view field) {
   }
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d)) && std::abs(d) < 9e18) {
-      return static_cast<int64_t>(d);
-    }
+    // The range check comes first: converting a double outside int64 is
+    // undefined behaviour.
+    if (std::abs(d) < 9e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
   }
   return WrongType(field, "an integer", v);
 }
@@ -329,9 +329,40 @@ absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
 
 }  // namespace
 
+absl::Status CheckJsonDepth(std::string_view body, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("body: JSON nested deeper than ", max_depth, " levels (at byte ", i, ")"));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced brackets are the parser's to report
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
-absl::StatusOr<json> ParseObject(std::string_view body) {
+absl::StatusOr<json> ParseObject(std::string_view body, const RequestLimits& limits) {
+  // nlohmann parses, copies and destroys recursively: a body of 150,000
+  // nested brackets, far under the body limit, overflows the stack. The scan
+  // is linear and refuses such a body before the parser sees it.
+  if (absl::Status st = CheckJsonDepth(body, limits.max_json_depth); !st.ok()) return st;
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Parse again for the reason (the position of the first error).
@@ -351,8 +382,9 @@ absl::StatusOr<json> ParseObject(std::string_view body) {
 }  // namespace
 
 absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
-                                           std::string_view session_header) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+                                           std::string_view session_header,
+                                           const RequestLimits& limits) {
+  absl::StatusOr<json> parsed = ParseObject(body, limits);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
 
@@ -375,12 +407,20 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
     auto num = [&](auto set) {
       absl::StatusOr<double> d = Number(v, key);
       if (!d.ok()) return d.status();
+      // A double beyond float's range has no float value (undefined
+      // behaviour to convert); the router's own range checks are narrower.
+      if (!(std::abs(*d) <= std::numeric_limits<float>::max())) {
+        return Bad(key, absl::StrCat("out of range, got ", *d));
+      }
       set(static_cast<float>(*d));
       return absl::OkStatus();
     };
     if (key == "model") {
       absl::StatusOr<std::string> m = String(v, key);
       if (!m.ok()) return m.status();
+      if (m->size() > limits.max_string_bytes) {
+        return Bad(key, absl::StrCat("longer than ", limits.max_string_bytes, " bytes"));
+      }
       p.model = *m;
       base.set_model(*m);
     } else if (!chat && key == "prompt") {
@@ -423,6 +463,13 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       s->set_seed(static_cast<uint64_t>(*seed));
     } else if (key == "stop") {
       st = ParseStop(v, &base);
+      for (int i = 0; st.ok() && i < base.stop_size(); ++i) {
+        if (base.stop(i).size() > limits.max_stop_bytes) {
+          st = Bad(v.is_string() ? "stop" : absl::StrCat("stop[", i, "]"),
+                   absl::StrCat(base.stop(i).size(), " bytes; at most ", limits.max_stop_bytes,
+                                " (--max_stop_bytes)"));
+        }
+      }
     } else if (key == "stop_token_ids") {
       if (!v.is_array()) return WrongType(key, "an array of token ids", v);
       absl::StatusOr<std::vector<int32_t>> ids = TokenIds(v, key);
@@ -458,14 +505,25 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
     } else if (key == "user") {
       absl::StatusOr<std::string> u = String(v, key);
       if (!u.ok()) return u.status();
+      if (u->size() > limits.max_string_bytes) {
+        return Bad(key, absl::StrCat("longer than ", limits.max_string_bytes, " bytes"));
+      }
       p.user = *u;
     } else if (key == "prompt_cache_key" || key == "session_id") {
       absl::StatusOr<std::string> k = String(v, key);
       if (!k.ok()) return k.status();
+      if (k->size() > limits.max_session_id_bytes) {
+        return Bad(key, absl::StrCat(k->size(), " bytes; at most ", limits.max_session_id_bytes,
+                                     " (--max_session_id_bytes)"));
+      }
       base.set_session_id(*k);
     } else if (key == "request_id") {
       absl::StatusOr<std::string> k = String(v, key);
       if (!k.ok()) return k.status();
+      if (k->size() > limits.max_request_id_bytes) {
+        return Bad(key, absl::StrCat(k->size(), " bytes; at most ", limits.max_request_id_bytes,
+                                     " (--max_request_id_bytes)"));
+      }
       base.set_request_id(*k);
     } else if (key == "ignore_eos") {
       absl::StatusOr<bool> b = Bool(v, key);
@@ -496,6 +554,15 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   if (p.model.empty()) return Bad("model", "required");
   if (p.include_usage && !p.stream) {
     return Bad("stream_options", "only allowed when stream is true");
+  }
+  // Every choice is a lane with its own KV blocks, stop matcher and
+  // response: the product, not n or the prompt count alone, is what one
+  // request multiplies.
+  if (static_cast<int64_t>(prompts.size()) * p.n > limits.max_choices) {
+    return Bad(prompts.size() > 1 ? "prompt" : "n",
+               absl::StrCat(prompts.size(), " prompt(s) with n=", p.n, " make ",
+                            static_cast<int64_t>(prompts.size()) * p.n, " choices; at most ",
+                            limits.max_choices, " per request (--max_choices_per_request)"));
   }
   if (base.stop_size() > 4) {
     return Bad("stop", absl::StrCat("at most 4 stop sequences, got ", base.stop_size()));
@@ -531,6 +598,10 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   s->set_top_logprobs(p.top_logprobs);
   if (!chat && !have_max_tokens) base.set_max_tokens(kCompletionsDefaultMaxTokens);
   if (base.session_id().empty() && !session_header.empty()) {
+    if (session_header.size() > limits.max_session_id_bytes) {
+      return Bad("X-Session-Id", absl::StrCat(session_header.size(), " bytes; at most ",
+                                              limits.max_session_id_bytes));
+    }
     base.set_session_id(std::string(session_header));
   }
 
@@ -551,8 +622,9 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   return p;
 }
 
-absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body,
+                                                         const RequestLimits& limits) {
+  absl::StatusOr<json> parsed = ParseObject(body, limits);
   if (!parsed.ok()) return parsed.status();
   v1::TokenizeRequest r;
   r.set_add_special_tokens(true);
@@ -586,8 +658,8 @@ absl::StatusOr<v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body) 
 }
 
 absl::StatusOr<std::pair<std::string, std::vector<int32_t>>> ParseDetokenizeRequest(
-    std::string_view body) {
-  absl::StatusOr<json> parsed = ParseObject(body);
+    std::string_view body, const RequestLimits& limits) {
+  absl::StatusOr<json> parsed = ParseObject(body, limits);
   if (!parsed.ok()) return parsed.status();
   std::pair<std::string, std::vector<int32_t>> out;
   bool has_tokens = false;
@@ -710,12 +782,16 @@ std::vector<json> ResponseBuilder::Add(int prompt, const v1::GenerateResponse& m
     c.completion_tokens += msg.token_ids_size();
     if (request_.logprobs && msg.logprobs_size() > 0) {
       lp = LogprobsOf(msg, c);
-      for (auto& [k, v] : lp.items()) {
-        for (auto& x : v) c.logprobs[k].push_back(x);
+      // A stream sends each piece once and never builds Final(): keeping
+      // the pieces would grow with the output (gigabytes at long contexts).
+      if (!request_.stream) {
+        for (auto& [k, v] : lp.items()) {
+          for (auto& x : v) c.logprobs[k].push_back(x);
+        }
       }
     }
   }
-  c.text += msg.text();
+  if (!request_.stream) c.text += msg.text();
   const std::string finish = FinishReasonName(msg.finish_reason());
   if (!finish.empty()) c.finish_reason = finish;
   if (msg.text().empty() && finish.empty() && lp.is_null()) return chunks;

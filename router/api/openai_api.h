@@ -48,6 +48,27 @@ ApiError ErrorFromStatus(const absl::Status& status);
 // context.
 inline constexpr int kCompletionsDefaultMaxTokens = 16;
 
+// Bounds on what one request body may ask for, each enforced while parsing
+// (flags of ringlane-router; defaults documented in README.md).
+struct RequestLimits {
+  // Nesting of JSON arrays and objects. OpenAI requests need about 6.
+  int max_json_depth = 64;
+  // Prompts times n of one request: every choice is a lane.
+  int max_choices = 64;
+  // model, user and other free strings that are echoed or logged.
+  size_t max_string_bytes = 256;
+  // Checked here as well as by the router: the parsed request copies them
+  // into every prompt's GenerateRequest, so a 2 MB stop string times 64
+  // prompts would be 128 MB before the router saw one.
+  size_t max_stop_bytes = 1024;
+  size_t max_session_id_bytes = 256;
+  size_t max_request_id_bytes = 128;
+};
+
+// InvalidArgument when `body` nests arrays/objects deeper than `max_depth`
+// (strings are skipped; malformed JSON is left to the parser).
+absl::Status CheckJsonDepth(std::string_view body, int max_depth);
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // as the client gave it (echoed back)
@@ -68,14 +89,16 @@ struct ParsedRequest {
 // router checks itself (temperature, top_p, max_tokens against the context,
 // ...) are left to Router::Prepare. `session_header` is X-Session-Id.
 absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
-                                           std::string_view session_header);
+                                           std::string_view session_header,
+                                           const RequestLimits& limits = {});
 
 // /tokenize: {"model"?, "prompt": text, "add_special_tokens"?: bool (default
 // true)} or {"model"?, "messages": [...]}.
-absl::StatusOr<ringlane::v1::TokenizeRequest> ParseTokenizeRequest(std::string_view body);
+absl::StatusOr<ringlane::v1::TokenizeRequest> ParseTokenizeRequest(
+    std::string_view body, const RequestLimits& limits = {});
 // /detokenize: {"model"?, "tokens": [ids]}; the model (may be "") and ids.
 absl::StatusOr<std::pair<std::string, std::vector<int32_t>>> ParseDetokenizeRequest(
-    std::string_view body);
+    std::string_view body, const RequestLimits& limits = {});
 
 // Builds the response of one request from the router's messages, as they
 // arrive; the same object gives the streamed chunks and the final JSON, so

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/request/errors.h"
@@ -120,6 +121,13 @@ TEST(OpenAiParseTest, BadRequestsNameTheField) {
        "top_logprobs", "requires logprobs"},
       {H, R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs",
        "a boolean"},
+      // Conversions are range-checked first (out of float or int64 range
+      // is undefined behaviour to convert).
+      {C, R"({"model":"m","prompt":"x","temperature":1e300})", "temperature", "out of range"},
+      {C, R"({"model":"m","prompt":"x","max_tokens":1e300})", "max_tokens", "an integer"},
+      {C, R"({"model":"m","prompt":"x","n":65})", "n", "at most 64"},
+      {C, R"({"model":"m","prompt":["a","b","c","d","e","f","g","h","i"],"n":8})", "prompt",
+       "72 choices"},
   };
   for (const Case& c : cases) {
     auto p = ParseRequest(c.endpoint, c.body, "");
@@ -130,6 +138,39 @@ TEST(OpenAiParseTest, BadRequestsNameTheField) {
     EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
     EXPECT_THAT(e.message, HasSubstr(c.message)) << c.body;
   }
+}
+
+TEST(OpenAiParseTest, DeepNestingIsRefusedBeforeParsing) {
+  // 150,000 levels used to overflow the stack in nlohmann's recursive copy.
+  const std::string deep = std::string(150000, '[') + std::string(150000, ']');
+  const std::string body = absl::StrCat(R"({"model":"m","prompt":"x","logprobs":)", deep, "}");
+  auto p = ParseRequest(Endpoint::kCompletions, body, "");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("nested deeper than 64"));
+  EXPECT_FALSE(ParseTokenizeRequest(absl::StrCat(R"({"prompt":)", deep, "}")).ok());
+  EXPECT_FALSE(ParseDetokenizeRequest(absl::StrCat(R"({"tokens":)", deep, "}")).ok());
+
+  // Brackets inside strings (escaped quotes too) are text, not nesting.
+  const std::string text = std::string(1000, '[') + "\\\"" + std::string(1000, '{');
+  EXPECT_TRUE(CheckJsonDepth(absl::StrCat(R"({"a":")", text, R"("})"), 4).ok());
+  EXPECT_TRUE(CheckJsonDepth("[[[[]]]]", 4).ok());
+  EXPECT_FALSE(CheckJsonDepth("[[[[[]]]]]", 4).ok());
+  RequestLimits limits;
+  limits.max_json_depth = 3;
+  EXPECT_FALSE(
+      ParseRequest(Endpoint::kCompletions, R"({"model":"m","prompt":[[[1]]]})", "", limits).ok());
+}
+
+TEST(OpenAiParseTest, LongFreeStringsAreRefused) {
+  const std::string big(300, 'u');
+  auto p = ParseRequest(Endpoint::kCompletions,
+                        absl::StrCat(R"({"model":"m","prompt":"x","user":")", big, R"("})"), "");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("user: longer than 256"));
+  p = ParseRequest(Endpoint::kCompletions, absl::StrCat(R"({"model":")", big, R"(","prompt":"x"})"),
+                   "");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("model: longer than 256"));
 }
 
 TEST(OpenAiParseTest, DefaultValuesOfUnsupportedFieldsAreAccepted) {

@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "router/request/errors.h"
 #include "router/request/stop_matcher.h"
@@ -27,6 +28,24 @@ absl::Status CheckUtf8(const std::string& field, std::string_view text) {
   const size_t bad = utf8::FirstInvalid(text);
   if (bad == text.size()) return absl::OkStatus();
   return Invalid(field, absl::StrCat("not valid UTF-8 (byte ", bad, " of ", text.size(), ")"));
+}
+
+absl::Status CheckRequestId(std::string_view field, std::string_view id, size_t max_bytes) {
+  if (id.empty() || id.size() > max_bytes) {
+    return Invalid(std::string(field),
+                   absl::StrCat("must be 1 to ", max_bytes, " bytes, got ", id.size()));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    if (!absl::ascii_isalnum(c) &&
+        std::string_view("-_.:/@+=~").find(static_cast<char>(c)) == std::string_view::npos) {
+      return Invalid(std::string(field),
+                     absl::StrCat("byte ", i,
+                                  " is not one of A-Z a-z 0-9 - _ . : / @ + = ~ (ids go into "
+                                  "response headers and logs)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
@@ -171,7 +190,16 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
                                                          : room;
   p.max_tokens = static_cast<int>(std::min(max_tokens, room));
 
+  if (request.stop_size() > options_.max_stop_strings) {
+    return Invalid("stop", absl::StrCat("at most ", options_.max_stop_strings,
+                                        " stop strings, got ", request.stop_size()));
+  }
   for (int i = 0; i < request.stop_size(); ++i) {
+    if (request.stop(i).size() > options_.max_stop_bytes) {
+      return Invalid(absl::StrCat("stop[", i, "]"),
+                     absl::StrCat(request.stop(i).size(), " bytes; at most ",
+                                  options_.max_stop_bytes, " (--max_stop_bytes)"));
+    }
     if (absl::Status st = CheckUtf8(absl::StrCat("stop[", i, "]"), request.stop(i)); !st.ok()) {
       return st;
     }
@@ -179,6 +207,10 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
   p.stop.assign(request.stop().begin(), request.stop().end());
   if (auto sm = StopMatcher::Create(p.stop); !sm.ok()) {
     return Invalid("stop", std::string(sm.status().message()));
+  }
+  if (request.stop_token_ids_size() > options_.max_stop_token_ids) {
+    return Invalid("stop_token_ids", absl::StrCat("at most ", options_.max_stop_token_ids,
+                                                  " ids, got ", request.stop_token_ids_size()));
   }
   p.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   if (auto st = StopTokens::Create(p.stop_token_ids, {}, false, m->vocab_size); !st.ok()) {
@@ -189,7 +221,19 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
   p.loop_watchdog = request.has_loop_watchdog() ? request.loop_watchdog() : options_.loop_watchdog;
   p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
   p.echo = request.echo();
+  if (request.session_id().size() > options_.max_session_id_bytes) {
+    return Invalid("session_id",
+                   absl::StrCat(request.session_id().size(), " bytes; at most ",
+                                options_.max_session_id_bytes, " (--max_session_id_bytes)"));
+  }
   p.session_id = request.session_id();
+  if (!request.request_id().empty()) {
+    if (absl::Status st =
+            CheckRequestId("request_id", request.request_id(), options_.max_request_id_bytes);
+        !st.ok()) {
+      return st;
+    }
+  }
   p.request_id = request.request_id().empty() ? absl::StrCat("req-", next_request_id_.fetch_add(1))
                                               : request.request_id();
 

@@ -40,7 +40,20 @@ struct PrepareOptions {
   int max_choices = 16;
   int max_tokens_default = 0;
   bool loop_watchdog = true;
+  // Input bounds (flags of ringlane-router). A request id travels in
+  // response headers and logs, so it is short and of a safe alphabet; a
+  // session id is kept in the affinity map; stop strings are copied into
+  // each choice's matcher.
+  size_t max_request_id_bytes = 128;
+  size_t max_session_id_bytes = 256;
+  int max_stop_strings = 16;
+  size_t max_stop_bytes = 1024;
+  int max_stop_token_ids = 256;
 };
+
+// OK when `id` is a usable request id: 1..max_bytes of [A-Za-z0-9] and
+// -_.:/@+=~ (no spaces, quotes or control bytes: it goes into headers).
+absl::Status CheckRequestId(std::string_view field, std::string_view id, size_t max_bytes);
 
 // OK, or InvalidArgument naming `field` when `text` is not valid UTF-8 (text
 // fields travel as bytes, so that this check, not the protobuf parser,

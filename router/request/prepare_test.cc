@@ -1,0 +1,94 @@
+// The input bounds Prepare enforces for both front doors (HTTP and gRPC).
+#include "router/request/prepare.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/request/chat_template.h"
+#include "router/tokenizer/tokenizer.h"
+
+namespace ringlane::router {
+namespace {
+
+namespace v1 = ringlane::v1;
+using ::testing::HasSubstr;
+
+class PrepareTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tok = LoadTokenizer(RINGLANE_SOURCE_DIR "/deploy/models/stories260K/tok512.bin");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    tokenizer_ = std::move(*tok);
+    model_.model_id = "m";
+    model_.max_context_tokens = 512;
+    model_.vocab_size = 512;
+    model_.limits.set_max_top_logprobs(20);
+    model_.limits.set_max_abs_penalty(2);
+  }
+  absl::StatusOr<PreparedRequest> Prepare(const v1::GenerateRequest& r,
+                                          PrepareOptions options = {}) {
+    RequestPreparer p(options, tokenizer_.get(), &template_);
+    return p.Prepare(r, model_);
+  }
+  static v1::GenerateRequest Request() {
+    v1::GenerateRequest r;
+    r.set_text("Once upon a time");
+    r.set_max_tokens(4);
+    return r;
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatTemplate template_{ChatTemplateFamily::kPlain};
+  ModelDescription model_;
+};
+
+TEST_F(PrepareTest, RequestIdsAreShortAndOfASafeAlphabet) {
+  for (const char* good : {"a", "req-7", "A_b.c:d/e@f+g=h~1"}) {
+    v1::GenerateRequest r = Request();
+    r.set_request_id(good);
+    auto p = Prepare(r);
+    ASSERT_TRUE(p.ok()) << good << ": " << p.status();
+    EXPECT_EQ(p->request_id, good);
+  }
+  // CR/LF would inject response headers; spaces and quotes break logs.
+  for (const std::string& bad :
+       {std::string("a\r\nSet-Cookie: x"), std::string("a b"), std::string("a\"b"),
+        std::string(129, 'x'), std::string("\xc3\xa9")}) {
+    v1::GenerateRequest r = Request();
+    r.set_request_id(bad);
+    auto p = Prepare(r);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(p.status().message(), HasSubstr("request_id")) << p.status();
+  }
+  EXPECT_TRUE(CheckRequestId("id", std::string(300, 'x'), 300).ok());
+}
+
+TEST_F(PrepareTest, SessionIdsStopsAndStopIdsAreBounded) {
+  v1::GenerateRequest r = Request();
+  r.set_session_id(std::string(257, 's'));
+  EXPECT_THAT(Prepare(r).status().message(), HasSubstr("session_id: 257 bytes; at most 256"));
+  r.set_session_id(std::string(256, 's'));
+  EXPECT_TRUE(Prepare(r).ok());
+
+  r = Request();
+  r.add_stop(std::string(1025, 'z'));
+  EXPECT_THAT(Prepare(r).status().message(), HasSubstr("stop[0]: 1025 bytes; at most 1024"));
+  PrepareOptions wide;
+  wide.max_stop_bytes = 4096;
+  EXPECT_TRUE(Prepare(r, wide).ok());
+
+  r = Request();
+  for (int i = 0; i < 17; ++i) r.add_stop("s");
+  EXPECT_THAT(Prepare(r).status().message(), HasSubstr("at most 16 stop strings"));
+
+  r = Request();
+  for (int i = 0; i < 257; ++i) r.add_stop_token_ids(1);
+  EXPECT_THAT(Prepare(r).status().message(), HasSubstr("stop_token_ids: at most 256"));
+}
+
+}  // namespace
+}  // namespace ringlane::router
