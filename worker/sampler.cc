@@ -124,8 +124,11 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params, uint32_t choice_index)
-    : params_(params), choice_index_(choice_index) {}
+Sampler::Sampler(const SamplingParams& params, uint32_t choice_index,
+                 absl::Span<const int32_t> earlier_output)
+    : params_(params), choice_index_(choice_index) {
+  for (int32_t token : earlier_output) Observe(token);
+}
 
 void Sampler::Observe(int32_t token) { ++counts_[token]; }
 

@@ -75,7 +75,12 @@ struct SampleResult {
 // non-finite or non-positive temperature samples greedily).
 class Sampler {
  public:
-  Sampler(const SamplingParams& params, uint32_t choice_index);
+  // `earlier_output`: tokens the choice generated before this sampler existed
+  // (a preempted choice re-admitted as a new lane, whose prompt ends with
+  // them), counted as if this sampler had observed them in order, so that
+  // penalties continue where the earlier lane left them.
+  Sampler(const SamplingParams& params, uint32_t choice_index,
+          absl::Span<const int32_t> earlier_output = {});
 
   // Counts a generated token for presence/frequency penalties. Tokens outside
   // the vocabulary passed to Sample() are counted but never penalized.

@@ -359,6 +359,49 @@ TEST(SamplerTest, PenaltiesIgnoreTokensOutsideVocabulary) {
   EXPECT_EQ(sampler.Sample({1.0f, 0.0f, 0.5f}, 0).token, 0);
 }
 
+// A preempted choice continues in a new sampler built from what it generated:
+// every later draw and logprob must equal the sampler that observed those
+// tokens one by one, and differ from one that starts at zero counts.
+TEST(SamplerTest, RestoredEarlierOutputContinuesThePenalties) {
+  const int kVocab = 64;
+  SamplingParams params = Temperature(0.9f, 77);
+  params.top_k = 20;
+  params.top_p = 0.9f;
+  params.min_p = 0.01f;
+  params.presence_penalty = 0.7f;
+  params.frequency_penalty = 1.3f;
+  params.top_logprobs = 5;
+  Sampler solo(params, 2);
+  std::vector<int32_t> generated;
+  const int64_t kPrompt = 9;
+  for (int64_t pos = kPrompt; pos < kPrompt + 40; ++pos) {
+    const SampleResult r = solo.Sample(PseudoRandomLogits(kVocab, static_cast<uint64_t>(pos)), pos);
+    solo.Observe(r.token);
+    generated.push_back(r.token);
+  }
+  Sampler restored(params, 2, generated);
+  Sampler fresh(params, 2);
+  bool fresh_differs = false;
+  for (int64_t pos = kPrompt + 40; pos < kPrompt + 80; ++pos) {
+    const std::vector<float> logits = PseudoRandomLogits(kVocab, static_cast<uint64_t>(pos));
+    const SampleResult want = solo.Sample(logits, pos);
+    const SampleResult got = restored.Sample(logits, pos);
+    const SampleResult zero = fresh.Sample(logits, pos);
+    ASSERT_EQ(got.token, want.token) << pos;
+    ASSERT_EQ(got.logprob, want.logprob) << pos;
+    ASSERT_EQ(got.top.size(), want.top.size());
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      ASSERT_EQ(got.top[j].token, want.top[j].token) << pos;
+      ASSERT_EQ(got.top[j].logprob, want.top[j].logprob) << pos;
+    }
+    fresh_differs |= zero.token != want.token || zero.logprob != want.logprob;
+    solo.Observe(want.token);
+    restored.Observe(got.token);
+    fresh.Observe(zero.token);
+  }
+  EXPECT_TRUE(fresh_differs) << "the penalties never mattered; the test proves nothing";
+}
+
 TEST(SamplerTest, PenaltiesApplyToLogprobs) {
   SamplingParams params;
   params.presence_penalty = 1.0f;

@@ -53,9 +53,11 @@ v1::LaneStep* AddReleaseRow(v1::RoundPlan* plan, uint64_t lane_id) {
   return row;
 }
 
-void SetLaneParams(v1::LaneStep* row, const v1::SamplingParams& sampling, int32_t choice_index) {
+void SetLaneParams(v1::LaneStep* row, const v1::SamplingParams& sampling, int32_t choice_index,
+                   absl::Span<const int32_t> earlier_output) {
   *row->mutable_sampling() = sampling;
   row->set_choice_index(choice_index);
+  row->mutable_earlier_output_token_ids()->Add(earlier_output.begin(), earlier_output.end());
 }
 
 int64_t RowTokens(const v1::LaneStep& row) {

@@ -30,9 +30,12 @@ ringlane::v1::LaneStep* AddDecodeRow(ringlane::v1::RoundPlan* plan, uint64_t lan
 // A row that only drops the lane's worker state.
 ringlane::v1::LaneStep* AddReleaseRow(ringlane::v1::RoundPlan* plan, uint64_t lane_id);
 
-// The first row of a lane carries its sampling parameters and choice index.
+// The first row of a lane carries its sampling parameters and choice index,
+// and, for a choice re-admitted after a preemption, the tokens it generated
+// before (the tail of the lane's prompt), which the workers count for
+// penalties.
 void SetLaneParams(ringlane::v1::LaneStep* row, const ringlane::v1::SamplingParams& sampling,
-                   int32_t choice_index);
+                   int32_t choice_index, absl::Span<const int32_t> earlier_output = {});
 
 // Positions a row feeds.
 int64_t RowTokens(const ringlane::v1::LaneStep& row);

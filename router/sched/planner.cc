@@ -64,7 +64,13 @@ class Planning {
 
 void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts) {
   if (!lane.params_sent) {
-    SetLaneParams(row, lane.req->p.sampling, lane.choice);
+    // The lane's prompt ends with what the choice generated before a
+    // preemption; the workers must count it for penalties, and may never see
+    // those positions themselves when their blocks are a prefix-cache hit.
+    const size_t prompt = lane.req->p.prompt.size();
+    SetLaneParams(row, lane.req->p.sampling, lane.choice,
+                  absl::MakeConstSpan(lane.seq.data() + prompt,
+                                      static_cast<size_t>(lane.generated_before())));
     lane.params_sent = true;
   }
   PlannedRow r;

@@ -9,8 +9,11 @@
 // it has written and its last sampled token. Its "model" samples from that
 // hash, so a lane that reads a wrong block, a stale slot or a position never
 // written produces different tokens, and every case compares each choice's
-// tokens with a solo run of the same model. After every round the ledger's
-// view (positions, block counts) must equal the fake workers'.
+// tokens with a solo run of the same model. The sample also depends on the
+// sum of the output tokens the lane's worker state knows (as penalties do),
+// so a lane re-admitted after a preemption diverges unless its first row
+// carries the choice's earlier output. After every round the ledger's view
+// (positions, block counts) must equal the fake workers'.
 #include "router/sched/planner.h"
 
 #include <algorithm>
@@ -43,16 +46,21 @@ uint64_t Mix(uint64_t h, int32_t token) {
   return x;
 }
 
-// The token the model samples after a prefix whose hash is `h`.
-int32_t NextToken(uint64_t h) { return 3 + static_cast<int32_t>(h % (kVocab - 3)); }
+// The token the model samples after a prefix whose hash is `h`, for a lane
+// whose earlier output tokens sum to `output_sum`.
+int32_t NextToken(uint64_t h, int64_t output_sum) {
+  return 3 + static_cast<int32_t>(Mix(h, static_cast<int32_t>(output_sum)) % (kVocab - 3));
+}
 
 // What a solo run of the model generates after `prompt`.
 std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
   uint64_t h = 0;
   for (int32_t t : prompt) h = Mix(h, t);
   std::vector<int32_t> out;
+  int64_t sum = 0;
   for (int i = 0; i < max_tokens; ++i) {
-    out.push_back(NextToken(h));
+    out.push_back(NextToken(h, sum));
+    sum += out.back();
     h = Mix(h, out.back());
   }
   return out;
@@ -96,6 +104,7 @@ class FakeGroup final : public WorkerGroup {
     int64_t valid = 0;
     std::optional<int32_t> last;
     std::vector<int32_t> blocks;  // the table of its last row
+    int64_t output_sum = 0;       // the sampler state: earlier output plus samples
   };
 
   // Another live lane whose written positions include slot `slot` of
@@ -129,6 +138,7 @@ class FakeGroup final : public WorkerGroup {
         if (n == 0) continue;  // a release of a lane that never ran here
         if (!row.has_sampling()) fail(absl::StrCat("lane ", row.lane_id(), " without params"));
         it = lanes_.emplace(row.lane_id(), LaneState{.valid = row.start_position()}).first;
+        for (int32_t t : row.earlier_output_token_ids()) it->second.output_sum += t;
       }
       LaneState& lane = it->second;
       if (n > 0) {
@@ -176,9 +186,10 @@ class FakeGroup final : public WorkerGroup {
         if (row.verify_offsets_size() > 0) {
           int accepted = 0;
           for (int o = 0; o < row.verify_offsets_size(); ++o) {
-            const int32_t t = NextToken(hashes[o]);
+            const int32_t t = NextToken(hashes[o], lane.output_sum);
             out.add_tokens()->set_token_id(t);
             lane.last = t;
+            lane.output_sum += t;
             if (o + 1 < static_cast<int>(inputs.size()) && inputs[o + 1] == t) {
               ++accepted;
               continue;
@@ -193,9 +204,10 @@ class FakeGroup final : public WorkerGroup {
           lane.valid = row.start_position() + 1 + accepted;
           *result.add_outputs() = out;
         } else if (row.sample_last()) {
-          const int32_t t = NextToken(hashes.back());
+          const int32_t t = NextToken(hashes.back(), lane.output_sum);
           out.add_tokens()->set_token_id(t);
           lane.last = t;
+          lane.output_sum += t;
           *result.add_outputs() = out;
         }
       }
@@ -221,14 +233,18 @@ class ScriptedDrafter final : public Drafter {
   explicit ScriptedDrafter(int wrong_every) : wrong_every_(wrong_every) {}
   std::vector<int32_t> Propose(const Lane& lane, int max_drafts) override {
     uint64_t h = 0;
+    int64_t sum = 0;
+    const int64_t prompt = static_cast<int64_t>(lane.req->p.prompt.size());
     for (int64_t p = 0; p <= lane.fed && p < static_cast<int64_t>(lane.seq.size()); ++p) {
       h = Mix(h, lane.seq[p]);
+      if (p >= prompt) sum += lane.seq[p];
     }
     std::vector<int32_t> drafts;
     for (int i = 0; i < max_drafts; ++i) {
-      int32_t t = NextToken(h);
+      int32_t t = NextToken(h, sum);
       if (++count_ % wrong_every_ == 0) t = t == 3 ? 4 : 3;
       drafts.push_back(t);
+      sum += t;
       h = Mix(h, t);
     }
     return drafts;

@@ -36,6 +36,26 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
 RoundExecutor::RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer)
     : backend_(backend), rank_(rank), timer_(timer) {}
 
+absl::Status RoundExecutor::ValidateEarlierOutput(const v1::LaneStep& row) const {
+  const ModelConfig& config = backend_->config();
+  // Every earlier output token is one of the lane's prompt positions, so a
+  // list as long as the context cannot come from a real preemption.
+  if (config.max_position > 0 && row.earlier_output_token_ids_size() >= config.max_position) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("earlier_output_token_ids: ", row.earlier_output_token_ids_size(),
+                     " tokens, the context holds ", config.max_position));
+  }
+  for (int k = 0; k < row.earlier_output_token_ids_size(); ++k) {
+    const int32_t t = row.earlier_output_token_ids(k);
+    if (t < 0 || t >= config.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("earlier_output_token_ids[", k, "] = ", t,
+                                                     " is outside the vocabulary [0, ",
+                                                     config.vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
   std::set<uint64_t> seen;
   for (int i = 0; i < plan.rows_size(); ++i) {
@@ -59,6 +79,12 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       auto p = FromProto(row.sampling());
       if (!p.ok()) return bad(std::string(p.status().message()));
       if (row.choice_index() < 0) return bad("negative choice_index");
+    }
+    if (row.earlier_output_token_ids_size() > 0) {
+      if (!row.has_sampling()) return bad("earlier_output_token_ids without sampling parameters");
+      if (absl::Status st = ValidateEarlierOutput(row); !st.ok()) {
+        return bad(std::string(st.message()));
+      }
     }
     if (row.use_last_sampled() && !(known && it->second->has_last)) {
       return bad("use_last_sampled before the lane sampled a token");
@@ -136,7 +162,8 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       it = lanes_
                .emplace(row.lane_id(),
                         std::make_unique<Lane>(*FromProto(row.sampling()),
-                                               static_cast<uint32_t>(row.choice_index())))
+                                               static_cast<uint32_t>(row.choice_index()),
+                                               row.earlier_output_token_ids()))
                .first;
     }
     Lane& lane = *it->second;

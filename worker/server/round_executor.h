@@ -54,7 +54,8 @@ class RoundExecutor {
 
  private:
   struct Lane {
-    Lane(const SamplingParams& p, uint32_t choice) : sampler(p, choice) {}
+    Lane(const SamplingParams& p, uint32_t choice, absl::Span<const int32_t> earlier_output)
+        : sampler(p, choice, earlier_output) {}
     Sampler sampler;
     bool has_last = false;
     int32_t last_sampled = 0;
@@ -62,6 +63,9 @@ class RoundExecutor {
 
   // OK, or the reason the plan is rejected. Touches nothing.
   absl::Status Validate(const ringlane::v1::RoundPlan& plan) const;
+  // The row's earlier_output_token_ids against the model's vocabulary and
+  // context.
+  absl::Status ValidateEarlierOutput(const ringlane::v1::LaneStep& row) const;
 
   Backend* const backend_;
   const int rank_;

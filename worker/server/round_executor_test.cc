@@ -1,0 +1,205 @@
+#include "worker/server/round_executor.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/factory.h"
+#include "worker/model/model.h"
+#include "worker/model/synthetic.h"
+
+namespace ringlane::worker {
+namespace {
+
+namespace v1 = ringlane::v1;
+using ::testing::HasSubstr;
+
+constexpr int kBlock = 4;
+constexpr KvPoolSpec kPool{/*num_blocks=*/16, kBlock, DType::kF32};
+
+struct Sampled {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+class RoundExecutorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/round_executor_test_", ::getpid(), "_model");
+    std::filesystem::remove_all(dir);
+    SyntheticModelOptions o;  // "tiny": vocab 512, 512 positions
+    o.out_dir = dir;
+    ASSERT_TRUE(WriteSyntheticModel(o).ok());
+    absl::StatusOr<std::unique_ptr<ModelWeights>> w = LoadModel(dir);
+    ASSERT_TRUE(w.ok()) << w.status();
+    model_ = new std::shared_ptr<const ModelWeights>(std::move(*w));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(*model_, BackendOptions{}, nullptr);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+    ASSERT_TRUE(backend_->AllocateKvPool(kPool).ok());
+    exec_ = std::make_unique<RoundExecutor>(backend_.get(), /*rank=*/0);
+  }
+
+  static v1::SamplingParams Params() {
+    v1::SamplingParams s;
+    s.set_temperature(0.8f);
+    s.set_seed(9);
+    s.set_top_k(50);
+    s.set_top_p(0.95f);
+    s.set_presence_penalty(0.9f);
+    s.set_frequency_penalty(1.2f);
+    s.set_top_logprobs(3);
+    return s;
+  }
+
+  static void AddBlocks(v1::LaneStep* row, int first_block, int64_t end) {
+    for (int64_t b = 0; b < (end + kBlock - 1) / kBlock; ++b) {
+      row->add_block_ids(first_block + static_cast<int>(b));
+    }
+  }
+
+  // Runs lane `lane` over `prompt` (one prefill row) and then `decodes`
+  // decode rows, in blocks from `first_block` on; what it sampled.
+  Sampled RunLane(uint64_t lane, const std::vector<int32_t>& prompt, int decodes, int first_block,
+                  const std::vector<int32_t>& earlier_output) {
+    Sampled out;
+    int64_t pos = 0;
+    for (int r = 0; r <= decodes; ++r) {
+      v1::RoundPlan plan;
+      plan.set_round_id(++round_id_);
+      v1::LaneStep* row = plan.add_rows();
+      row->set_lane_id(lane);
+      row->set_start_position(pos);
+      row->set_sample_last(true);
+      if (r == 0) {
+        row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+        *row->mutable_sampling() = Params();
+        row->set_choice_index(1);
+        row->mutable_earlier_output_token_ids()->Add(earlier_output.begin(), earlier_output.end());
+        pos += static_cast<int64_t>(prompt.size());
+      } else {
+        row->set_use_last_sampled(true);
+        pos += 1;
+      }
+      AddBlocks(row, first_block, pos);
+      absl::StatusOr<v1::RoundResult> res = exec_->Run(plan);
+      EXPECT_TRUE(res.ok()) << res.status();
+      if (!res.ok()) return out;
+      EXPECT_EQ(res->error().code(), 0) << res->error().message();
+      EXPECT_EQ(res->outputs_size(), 1);
+      if (res->outputs_size() != 1) return out;
+      for (const v1::SampledToken& t : res->outputs(0).tokens()) {
+        out.ids.push_back(t.token_id());
+        out.logprobs.push_back(t.logprob());
+        for (const v1::TokenLogprob& a : t.top_logprobs()) {
+          out.top_ids.push_back(a.token_id());
+          out.top_logprobs.push_back(a.logprob());
+        }
+      }
+    }
+    return out;
+  }
+
+  // A plan with one new lane whose first row carries `earlier_output`
+  // (and sampling unless `with_sampling` is false); its error.
+  v1::Status RunFirstRow(uint64_t lane, const std::vector<int32_t>& earlier_output,
+                         bool with_sampling = true) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id_);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->set_start_position(0);
+    row->add_token_ids(1);
+    row->add_token_ids(2);
+    row->set_sample_last(true);
+    AddBlocks(row, 15, 2);
+    if (with_sampling) *row->mutable_sampling() = Params();
+    row->mutable_earlier_output_token_ids()->Add(earlier_output.begin(), earlier_output.end());
+    absl::StatusOr<v1::RoundResult> res = exec_->Run(plan);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? res->error() : v1::Status();
+  }
+
+  static std::shared_ptr<const ModelWeights>* model_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<RoundExecutor> exec_;
+  uint64_t round_id_ = 0;
+};
+
+std::shared_ptr<const ModelWeights>* RoundExecutorTest::model_ = nullptr;
+
+// The worker side of a preemption: a choice that generated 6 tokens, then
+// restarted as a new lane over prompt + those tokens, samples what the
+// uninterrupted lane sampled next, logprobs and alternatives included; the
+// same restart without earlier_output_token_ids does not.
+TEST_F(RoundExecutorTest, ReadmittedLaneContinuesThePenalties) {
+  const std::vector<int32_t> prompt = {1, 17, 33, 90, 4, 250};
+  const Sampled solo = RunLane(1, prompt, /*decodes=*/11, /*first_block=*/0, {});
+  ASSERT_EQ(solo.ids.size(), 12u);
+  // Tokens 0..5 came before the preemption; the re-admitted lane's prefill
+  // samples token 6 and its decode rows tokens 7..11.
+  const std::vector<int32_t> before(solo.ids.begin(), solo.ids.begin() + 6);
+  std::vector<int32_t> readmit_prompt = prompt;
+  readmit_prompt.insert(readmit_prompt.end(), before.begin(), before.end());
+  const Sampled again = RunLane(2, readmit_prompt, 5, 5, before);
+  const Sampled reset = RunLane(3, readmit_prompt, 5, 10, {});
+
+  const auto tail = [](const auto& v, size_t from) {
+    return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + from, v.end());
+  };
+  EXPECT_EQ(again.ids, tail(solo.ids, 6));
+  EXPECT_EQ(again.logprobs, tail(solo.logprobs, 6));
+  EXPECT_EQ(again.top_ids, tail(solo.top_ids, 18));
+  EXPECT_EQ(again.top_logprobs, tail(solo.top_logprobs, 18));
+  EXPECT_NE(reset.logprobs, tail(solo.logprobs, 6)) << "the penalties never mattered";
+}
+
+TEST_F(RoundExecutorTest, BadEarlierOutputIsInvalidArgumentAndChangesNothing) {
+  const int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+  const int vocab = backend_->config().vocab;
+  const int context = backend_->config().max_position;
+  struct Case {
+    std::vector<int32_t> tokens;
+    bool with_sampling;
+    const char* why;
+  };
+  const std::vector<Case> cases = {
+      {{3, vocab}, true, "outside the vocabulary"},
+      {{-1}, true, "outside the vocabulary"},
+      {std::vector<int32_t>(static_cast<size_t>(context), 5), true, "the context holds"},
+      {{3}, false, "without sampling parameters"},
+  };
+  for (const Case& c : cases) {
+    const v1::Status st = RunFirstRow(40, c.tokens, c.with_sampling);
+    EXPECT_EQ(st.code(), kInvalid) << c.why;
+    EXPECT_THAT(st.message(), HasSubstr(c.why));
+    EXPECT_EQ(exec_->num_lanes(), 0u);
+  }
+  // The largest valid list is accepted.
+  const v1::Status ok = RunFirstRow(41, std::vector<int32_t>(static_cast<size_t>(context - 1), 5));
+  EXPECT_EQ(ok.code(), 0) << ok.message();
+  EXPECT_EQ(exec_->num_lanes(), 1u);
+  // Parameters (and so earlier output) only come with a lane's first row.
+  const v1::Status again = RunFirstRow(41, {3}, /*with_sampling=*/false);
+  EXPECT_EQ(again.code(), kInvalid);
+}
+
+}  // namespace
+}  // namespace ringlane::worker
