@@ -31,6 +31,7 @@
 #include "router/router.h"
 #include "router/tokenizer/tokenizer.h"
 #include "services/flags_util.h"
+#include "services/grpc_security.h"
 #include "services/log.h"
 #include "services/signals.h"
 
@@ -70,7 +71,12 @@ ABSL_FLAG(std::string, api_key_file, "",
           "file of accepted API keys, one per line ('#' comments); also RINGLANE_API_KEYS "
           "(comma-separated). Without keys the gateway only serves loopback");
 ABSL_FLAG(bool, allow_unauthenticated, false,
-          "serve a non-loopback --http_listen without API keys");
+          "serve a non-loopback --http_listen or --listen without API keys");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA that signs every worker's certificate: with --tls_cert and "
+          "--tls_key, the router talks to workers over mutual TLS (all three or none)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate the router presents to workers");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(bool, metrics_require_key, false, "require an API key for /metrics too");
 ABSL_FLAG(int, max_concurrent_per_key, 64,
           "choices (prompts x n) of generation requests in progress per API key (per client IP "
@@ -111,9 +117,7 @@ namespace rr = ringlane::router;
 
 namespace {
 
-bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
+using rs::IsLoopbackHost;
 
 // Keys from --api_key_file and RINGLANE_API_KEYS; exits when the file
 // cannot be read.
@@ -186,9 +190,15 @@ int main(int argc, char** argv) {
     o.groups.push_back(std::move(ranks));
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (auto hp = rs::ParseHostPort(listen); !hp.ok()) {
-    rs::ExitWithUsageError(absl::StrCat("--listen: ", hp.status().message()));
+  auto listen_hp = rs::ParseHostPort(listen);
+  if (!listen_hp.ok()) {
+    rs::ExitWithUsageError(absl::StrCat("--listen: ", listen_hp.status().message()));
   }
+  auto tls = rs::LoadTls(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)});
+  if (!tls.ok()) rs::ExitWithUsageError(std::string(tls.status().message()));
+  // Before the first worker channel exists: every one of them uses it.
+  rs::SetPeerTls(*tls);
   const std::string tok_path = absl::GetFlag(FLAGS_tokenizer);
   if (tok_path.empty()) rs::ExitWithUsageError("--tokenizer is required");
   o.model_id = absl::GetFlag(FLAGS_model_id);
@@ -237,18 +247,23 @@ int main(int argc, char** argv) {
   rr::GatewayOptions go;
   const std::string http_listen = absl::GetFlag(FLAGS_http_listen);
   const bool http_on = http_listen != "off";
+  // One set of keys and one loopback rule for both public APIs.
+  go.api_keys = LoadApiKeys(absl::GetFlag(FLAGS_api_key_file));
+  auto refuse_open = [&](const char* flag, const std::string& value, const std::string& host) {
+    if (go.api_keys.empty() && !IsLoopbackHost(host) &&
+        !absl::GetFlag(FLAGS_allow_unauthenticated)) {
+      rs::ExitWithUsageError(absl::StrCat(
+          flag, "=", value,
+          " is reachable from other hosts but no API keys are set: give --api_key_file or "
+          "RINGLANE_API_KEYS, or pass --allow_unauthenticated"));
+    }
+  };
+  refuse_open("--listen", listen, listen_hp->first);
   if (http_on) {
     auto hp = rs::ParseHostPort(http_listen);
     if (!hp.ok()) rs::ExitWithUsageError(absl::StrCat("--http_listen: ", hp.status().message()));
     go.listen = http_listen;
-    go.api_keys = LoadApiKeys(absl::GetFlag(FLAGS_api_key_file));
-    if (go.api_keys.empty() && !IsLoopbackHost(hp->first) &&
-        !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-      rs::ExitWithUsageError(absl::StrCat(
-          "--http_listen=", http_listen,
-          " is reachable from other hosts but no API keys are set: give --api_key_file or "
-          "RINGLANE_API_KEYS, or pass --allow_unauthenticated"));
-    }
+    refuse_open("--http_listen", http_listen, hp->first);
   }
   go.metrics_require_key = absl::GetFlag(FLAGS_metrics_require_key);
   go.max_concurrent_per_key = absl::GetFlag(FLAGS_max_concurrent_per_key);
@@ -308,7 +323,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", std::string(router.status().message()).c_str());
     return 1;
   }
-  auto server = rr::RouterServer::Start(router->get(), listen);
+  auto server = rr::RouterServer::Start(router->get(), listen, rr::ApiKeys(go.api_keys));
   if (!server.ok()) {
     std::fprintf(stderr, "error: --listen: %s\n", std::string(server.status().message()).c_str());
     return 1;
@@ -337,7 +352,11 @@ int main(int argc, char** argv) {
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   RL_LOG(INFO) << "serving the Generate API on " << rs::JoinHostPort(hp.first, (*server)->port())
-               << " for " << workers;
+               << " ("
+               << (go.api_keys.empty() ? std::string("no API key required")
+                                       : absl::StrCat(go.api_keys.size(), " API key(s)"))
+               << ") for " << workers
+               << (rs::PeerTlsEnabled() ? " over mutual TLS" : " over plaintext gRPC");
 
   const int sig = rs::WaitForShutdownSignal();
   RL_LOG(INFO) << "signal " << sig << ", draining";

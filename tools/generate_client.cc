@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -23,6 +24,8 @@ ABSL_FLAG(double, top_p, 1, "nucleus sampling");
 ABSL_FLAG(int64_t, seed, -1, "sampling seed; -1 = the router's policy");
 ABSL_FLAG(std::string, stop, "", "stop strings, separated by '|'");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past EOS");
+ABSL_FLAG(std::string, api_key, "",
+          "sent as 'authorization: Bearer KEY' metadata; empty = $RINGLANE_API_KEY when set");
 ABSL_FLAG(bool, usage, true, "print usage (tokens, cached tokens) to stderr after each prompt");
 
 namespace v1 = ringlane::v1;
@@ -48,6 +51,10 @@ int Generate(v1::Generate::Stub& stub, const std::string& prompt) {
   }
   req.set_echo(true);
   grpc::ClientContext ctx;
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (key.empty() && std::getenv("RINGLANE_API_KEY") != nullptr)
+    key = std::getenv("RINGLANE_API_KEY");
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
   auto reader = stub.Generate(&ctx, req);
   v1::GenerateResponse m;
   v1::Usage usage;

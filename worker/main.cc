@@ -23,6 +23,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "services/flags_util.h"
+#include "services/grpc_security.h"
 #include "services/log.h"
 #include "services/signals.h"
 #include "worker/backend/factory.h"
@@ -72,6 +73,17 @@ ABSL_FLAG(int, collective_timeout_ms, 30000,
 ABSL_FLAG(int, drain_timeout_ms, 10000,
           "on SIGTERM, how long open streams may continue before they are cancelled");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA that signs every peer's certificate: with --tls_cert and --tls_key, "
+          "the Worker and Rendezvous services require client certificates from it and this rank "
+          "dials its rendezvous over mutual TLS (all three or none)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate this rank presents, as server and as client (SANs must cover the "
+          "address peers dial)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(bool, allow_plaintext, false,
+          "serve a non-loopback --listen without TLS (anyone who reaches it can run rounds and "
+          "read or overwrite KV blocks)");
 
 namespace {
 
@@ -155,6 +167,19 @@ int main(int argc, char** argv) {
   if (listen_flag.empty()) listen_flag = absl::StrCat("127.0.0.1:", 50061 + rank);
   auto listen = rs::ParseHostPort(listen_flag);
   if (!listen.ok()) ExitWithUsageError(absl::StrCat("--listen: ", listen.status().message()));
+  auto tls = rs::LoadTls(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)});
+  if (!tls.ok()) ExitWithUsageError(std::string(tls.status().message()));
+  if (!tls->has_value() && !rs::IsLoopbackHost(listen->first) &&
+      !absl::GetFlag(FLAGS_allow_plaintext)) {
+    ExitWithUsageError(absl::StrCat(
+        "--listen=", listen_flag,
+        " is reachable from other hosts but TLS is off: give --tls_ca, --tls_cert and --tls_key "
+        "(tools/make_certs.sh makes them), or pass --allow_plaintext"));
+  }
+  // Before the first server or channel: the rendezvous client, the Gloo
+  // store and the NCCL id exchange all dial with it.
+  rs::SetPeerTls(*tls);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port != -1) {
     if (absl::Status s = rs::ValidatePort(metrics_port); !s.ok()) {
@@ -275,13 +300,15 @@ int main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen_flag, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen_flag, rs::PeerServerCredentials(), &port);
   builder.RegisterService(&service);
   const bool serve_rendezvous = world > 1 && rendezvous.empty();
   if (serve_rendezvous) builder.RegisterService(&rendezvous_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    RL_LOG(ERROR) << "cannot listen on " << listen_flag << " (in use? --listen picks another)";
+    RL_LOG(ERROR) << "cannot listen on " << listen_flag << " (in use? --listen picks another"
+                  << (rs::PeerTlsEnabled() ? "; or --tls_cert and --tls_key do not match" : "")
+                  << ")";
     return 1;
   }
   const std::string reach_host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;
@@ -316,7 +343,7 @@ int main(int argc, char** argv) {
                << (world > 1 ? absl::StrCat(", rendezvous ", rendezvous,
                                             serve_rendezvous ? " served here" : "")
                              : std::string())
-               << ")";
+               << (rs::PeerTlsEnabled() ? ", mutual TLS" : ", plaintext") << ")";
 
   const int sig = rs::WaitForShutdownSignal();
   RL_LOG(INFO) << "signal " << sig << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_ms)

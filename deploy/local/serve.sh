@@ -6,10 +6,12 @@
 # With PROMPT it runs the
 # gRPC client once and stops everything (a smoke test); without, it runs the
 # client on stdin lines when stdin is a terminal, then keeps serving until
-# Ctrl-C, which stops every process it started.
+# Ctrl-C, which stops every process it started. Workers and router talk over
+# mutual TLS with certificates that tools/make_certs.sh keeps in $CERTS
+# (made on the first run; TLS=off for plaintext).
 #
 #   deploy/local/serve.sh [PROMPT]
-#   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, LOGS from the env)
+#   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, LOGS, CERTS, TLS from the env)
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -23,7 +25,15 @@ LOGS=${LOGS:-$BUILD/serve}
 WORKER="$BUILD/worker/ringlane-worker"
 ROUTER="$BUILD/router/ringlane-router"
 CLIENT="$BUILD/tools/ringlane-generate-client"
+CERTS=${CERTS:-$BUILD/certs}
+TLS=${TLS:-on}
 mkdir -p "$LOGS"
+
+tls=()
+if [ "$TLS" != off ]; then
+  "$(dirname "$0")/../../tools/make_certs.sh" "$CERTS"
+  tls=(--tls_ca="$CERTS/ca.pem" --tls_cert="$CERTS/node.pem" --tls_key="$CERTS/node.key")
+fi
 
 pids=()
 cleanup() {
@@ -53,7 +63,8 @@ listening() {
 }
 
 # Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
-common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0)
+common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0
+  "${tls[@]}")
 "$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
   >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
 pids+=($!)
@@ -63,13 +74,13 @@ rank0=$(listening "$LOGS/rank0.out" "${pids[0]}" worker)
 pids+=($!)
 rank1=$(listening "$LOGS/rank1.out" "${pids[1]}" worker)
 "$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
-  --http_listen="$HTTP_LISTEN" \
+  --http_listen="$HTTP_LISTEN" "${tls[@]}" \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
 router=$(listening "$LOGS/router.out" "${pids[2]}" router)
 http=$(listening "$LOGS/router.out" "${pids[2]}" http)
 model=stories260K
-echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1); logs in $LOGS/" >&2
+echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
 echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
 echo "http://$http/v1"
 echo "serve: try  curl http://$http/v1/completions -H 'Content-Type: application/json' \\" >&2

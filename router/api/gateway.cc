@@ -79,7 +79,7 @@ class GaugeHold {
 }  // namespace
 
 Gateway::Gateway(Router* router, GatewayOptions options)
-    : router_(router), options_(std::move(options)) {
+    : router_(router), options_(std::move(options)), keys_(options_.api_keys) {
   prometheus::Registry& r = *router_->metrics_registry();
   http_requests_ = &prometheus::BuildCounter()
                         .Name("ringlane_http_requests_total")
@@ -176,18 +176,8 @@ void Gateway::Handle(const HttpRequest& req, HttpResponder& out) {
 }
 
 absl::StatusOr<std::string> Gateway::Authenticate(const HttpRequest& req) const {
-  if (options_.api_keys.empty()) return std::string();
   const std::string auth = req.Header("authorization");
-  const std::string kBearer = "Bearer ";
-  if (auth.empty()) {
-    return absl::UnauthenticatedError("no API key: send it as 'Authorization: Bearer KEY'");
-  }
-  if (!absl::StartsWith(auth, kBearer)) {
-    return absl::UnauthenticatedError("the Authorization header must be 'Bearer KEY'");
-  }
-  std::string key = auth.substr(kBearer.size());
-  if (options_.api_keys.count(key) == 0) return absl::UnauthenticatedError("invalid API key");
-  return key;
+  return keys_.Authenticate(auth.empty() ? nullptr : &auth);
 }
 
 void Gateway::Route(const HttpRequest& req, HttpResponder& out, std::string* endpoint,

@@ -26,6 +26,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "router/api/auth.h"
 #include "router/api/http_server.h"
 #include "router/api/openai_api.h"
 #include "router/router.h"
@@ -92,8 +93,8 @@ class Gateway {
   int Detokenize(const HttpRequest& req, HttpResponder& out);
   int Metrics(HttpResponder& out);
   int SendError(HttpResponder& out, const openai::ApiError& e);
-  // The API key of the request, or an error when keys are on and it has
-  // none or a wrong one.
+  // The API key of the request, or Unauthenticated when keys are on and it
+  // has none or a wrong one (ApiKeys::Authenticate, shared with gRPC).
   absl::StatusOr<std::string> Authenticate(const HttpRequest& req) const;
 
   // Every route but /health and /ready (answered before authentication):
@@ -107,6 +108,7 @@ class Gateway {
 
   Router* const router_;
   const GatewayOptions options_;
+  const ApiKeys keys_;  // options_.api_keys, checked in constant time
   std::unique_ptr<HttpServer> server_;
   std::atomic<bool> draining_{false};
   std::atomic<int> generating_{0};  // generation requests in progress

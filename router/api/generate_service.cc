@@ -12,8 +12,9 @@ namespace ringlane::router {
 namespace v1 = ringlane::v1;
 using services::ToGrpcStatus;
 
-GenerateServiceImpl::GenerateServiceImpl(Router* router)
+GenerateServiceImpl::GenerateServiceImpl(Router* router, ApiKeys keys)
     : router_(router),
+      keys_(std::move(keys)),
       requests_(&prometheus::BuildCounter()
                      .Name("ringlane_grpc_requests_total")
                      .Help("gRPC Generate API calls answered, by method and status code")
@@ -24,19 +25,33 @@ grpc::Status GenerateServiceImpl::Counted(const char* method, grpc::Status statu
   return status;
 }
 
+grpc::Status GenerateServiceImpl::Authenticate(const grpc::ServerContext* ctx) const {
+  if (keys_.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  std::string value;
+  if (it != md.end()) value.assign(it->second.data(), it->second.size());
+  absl::StatusOr<std::string> key = keys_.Authenticate(it == md.end() ? nullptr : &value);
+  return key.ok() ? grpc::Status::OK : ToGrpcStatus(key.status());
+}
+
 grpc::Status GenerateServiceImpl::Generate(grpc::ServerContext* ctx,
                                            const v1::GenerateRequest* request,
                                            grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status a = Authenticate(ctx); !a.ok()) return Counted("Generate", a);
   return Counted("Generate", RunGenerate(ctx, request, writer));
 }
 
-grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext*, const v1::TokenizeRequest* request,
+grpc::Status GenerateServiceImpl::Tokenize(grpc::ServerContext* ctx,
+                                           const v1::TokenizeRequest* request,
                                            v1::TokenizeResponse* response) {
+  if (grpc::Status a = Authenticate(ctx); !a.ok()) return Counted("Tokenize", a);
   return Counted("Tokenize", RunTokenize(request, response));
 }
 
 grpc::Status GenerateServiceImpl::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,
                                              v1::ListModelsResponse* response) {
+  if (grpc::Status a = Authenticate(ctx); !a.ok()) return Counted("ListModels", a);
   return Counted("ListModels", RunListModels(ctx, response));
 }
 
@@ -112,8 +127,9 @@ grpc::Status GenerateServiceImpl::RunListModels(grpc::ServerContext* ctx,
 }
 
 absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Router* router,
-                                                                  const std::string& listen) {
-  std::unique_ptr<RouterServer> s(new RouterServer(router));
+                                                                  const std::string& listen,
+                                                                  ApiKeys keys) {
+  std::unique_ptr<RouterServer> s(new RouterServer(router, std::move(keys)));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder b;
   b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);

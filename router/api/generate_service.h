@@ -1,6 +1,10 @@
 // The router's gRPC front door: the public Generate service
 // (proto/ringlane/v1/generate.proto) over a Router, plus the standard health
-// service (SERVING while at least one worker group is ready).
+// service (SERVING while at least one worker group is ready). With API keys,
+// every Generate-service call needs `authorization: Bearer KEY` metadata (the
+// gateway's rule, router/api/auth.h) and is refused with UNAUTHENTICATED
+// before anything is parsed or queued; the health service stays open to
+// probes.
 #ifndef RINGLANE_ROUTER_API_GENERATE_SERVICE_H_
 #define RINGLANE_ROUTER_API_GENERATE_SERVICE_H_
 
@@ -15,6 +19,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "ringlane/v1/generate.grpc.pb.h"
+#include "router/api/auth.h"
 #include "router/router.h"
 
 namespace ringlane::router {
@@ -34,7 +39,7 @@ class GenerateServiceImpl final : public ringlane::v1::Generate::Service {
  public:
   // Registers ringlane_grpc_requests_total{method, code} in the router's
   // registry, the gRPC twin of the gateway's per-endpoint counter.
-  explicit GenerateServiceImpl(Router* router);
+  GenerateServiceImpl(Router* router, ApiKeys keys);
 
   grpc::Status Generate(grpc::ServerContext* ctx, const ringlane::v1::GenerateRequest* request,
                         grpc::ServerWriter<ringlane::v1::GenerateResponse>* writer) override;
@@ -51,18 +56,23 @@ class GenerateServiceImpl final : public ringlane::v1::Generate::Service {
   grpc::Status RunListModels(grpc::ServerContext* ctx, ringlane::v1::ListModelsResponse* response);
   // Counts the call's outcome and returns it.
   grpc::Status Counted(const char* method, grpc::Status status);
+  // OK, or UNAUTHENTICATED when keys are set and the call's metadata has no
+  // accepted one.
+  grpc::Status Authenticate(const grpc::ServerContext* ctx) const;
 
   Router* const router_;
+  const ApiKeys keys_;
   prometheus::Family<prometheus::Counter>* requests_;
 };
 
 // The gRPC server with the Generate and health services.
 class RouterServer {
  public:
-  // Listens on `listen` (host:port, port 0 picks one). Unavailable when the
-  // address cannot be bound.
+  // Listens on `listen` (host:port, port 0 picks one), accepting `keys`
+  // (none: every caller). Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(Router* router,
-                                                             const std::string& listen);
+                                                             const std::string& listen,
+                                                             ApiKeys keys = ApiKeys());
   ~RouterServer();
 
   int port() const { return port_; }
@@ -70,7 +80,7 @@ class RouterServer {
   void Shutdown(std::chrono::system_clock::time_point deadline);
 
  private:
-  explicit RouterServer(Router* router) : service_(router), router_(router) {}
+  RouterServer(Router* router, ApiKeys keys) : service_(router, std::move(keys)), router_(router) {}
   void WatchHealth();
 
   GenerateServiceImpl service_;

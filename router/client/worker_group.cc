@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/grpc_security.h"
 #include "services/status_grpc.h"
 
 namespace ringlane::router {
@@ -28,7 +29,7 @@ absl::StatusOr<std::unique_ptr<WorkerGroupClient>> WorkerGroupClient::Connect(
   for (const std::string& a : addresses) {
     Rank r;
     r.address = a;
-    r.stub = v1::Worker::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+    r.stub = v1::Worker::NewStub(grpc::CreateChannel(a, services::PeerChannelCredentials()));
     c->ranks_.push_back(std::move(r));
   }
   // Wait until every rank reports the same formed epoch.

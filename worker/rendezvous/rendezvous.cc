@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/store.h"
+#include "services/grpc_security.h"
 #include "services/status_grpc.h"
 
 namespace ringlane::worker {
@@ -119,8 +120,7 @@ grpc::Status RendezvousService::Watch(grpc::ServerContext*,
 namespace {
 
 std::unique_ptr<ringlane::v1::Rendezvous::Stub> RendezvousStub(const std::string& address) {
-  return ringlane::v1::Rendezvous::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return ringlane::v1::Rendezvous::NewStub(services::NewPeerChannel(address));
 }
 
 }  // namespace
@@ -180,8 +180,7 @@ namespace {
 class GrpcStore final : public gloo::rendezvous::Store {
  public:
   GrpcStore(const std::string& address, std::string group, std::chrono::milliseconds timeout)
-      : stub_(ringlane::v1::Rendezvous::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+      : stub_(ringlane::v1::Rendezvous::NewStub(services::NewPeerChannel(address))),
         address_(address),
         group_(std::move(group)),
         timeout_(timeout) {}

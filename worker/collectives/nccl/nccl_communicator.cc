@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ringlane/v1/rendezvous.grpc.pb.h"
+#include "services/grpc_security.h"
 #include "worker/collectives/nccl/rank_order_sum.h"
 
 namespace ringlane::worker {
@@ -46,8 +47,7 @@ std::string Where(const NcclOptions& o) {
 }
 
 absl::Status PublishGrpc(const NcclOptions& o, const std::string& id) {
-  auto stub = ringlane::v1::Rendezvous::NewStub(
-      grpc::CreateChannel(o.rendezvous_address, grpc::InsecureChannelCredentials()));
+  auto stub = ringlane::v1::Rendezvous::NewStub(services::NewPeerChannel(o.rendezvous_address));
   ringlane::v1::RendezvousSetRequest req;
   req.set_group(o.group);
   req.set_key(kNcclUniqueIdKey);
@@ -66,8 +66,7 @@ absl::Status PublishGrpc(const NcclOptions& o, const std::string& id) {
 }
 
 absl::StatusOr<std::string> FetchGrpc(const NcclOptions& o) {
-  auto stub = ringlane::v1::Rendezvous::NewStub(
-      grpc::CreateChannel(o.rendezvous_address, grpc::InsecureChannelCredentials()));
+  auto stub = ringlane::v1::Rendezvous::NewStub(services::NewPeerChannel(o.rendezvous_address));
   ringlane::v1::RendezvousGetRequest req;
   req.set_group(o.group);
   req.set_key(kNcclUniqueIdKey);
