@@ -294,7 +294,12 @@ TEST_P(RankFaultTest, LanesFailWithinTheDeadlineAndTheGroupServesAgain) {
   });
   ASSERT_EQ(s.status, 200);
   EXPECT_THAT(s.error, HasSubstr("worker group 0")) << "text: " << s.text;
-  EXPECT_THAT(s.error, HasSubstr("rank"));
+  // The rank at fault is named as the one that does not answer.
+  EXPECT_THAT(s.error, HasSubstr(absl::StrCat("rank ", c.rank, " (")));
+  if (c.fault == Fault::kFreeze) {
+    EXPECT_THAT(s.error, HasSubstr(absl::StrCat("rank ", c.rank, " (", g.rank(c.rank).address(),
+                                                ") does not answer")));
+  }
   EXPECT_LT(MsBetween(fault_at, s.end), kRoundDeadlineMs + kSlackMs) << s.error;
   EXPECT_TRUE(s.done) << "the stream ends with [DONE] after the error event";
   std::printf("fault at first chunk; error after %.0f ms: %s\n", MsBetween(fault_at, s.end),

@@ -169,14 +169,14 @@ absl::Status WorkerGroupClient::Send(const v1::RoundPlan& plan) {
       return FailEnded(static_cast<int>(r), "took no plan");
     }
   }
-  due_.push_back(std::chrono::steady_clock::now());
+  due_.push_back({std::chrono::steady_clock::now(), plan.round_id()});
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RoundResult> WorkerGroupClient::Receive() {
   if (broken_) return broken_status_;
   if (due_.empty()) return absl::FailedPreconditionError("Receive() without a round in flight");
-  const auto deadline = std::max(due_.front(), last_result_) + options_.round_deadline;
+  const auto deadline = std::max(due_.front().sent, last_result_) + options_.round_deadline;
   int ended = -1;
   std::vector<int> silent;
   std::vector<v1::RoundResult> got(ranks_.size());
@@ -210,12 +210,36 @@ absl::StatusOr<v1::RoundResult> WorkerGroupClient::Receive() {
   }
   if (ended >= 0) return FailEnded(ended, "ended its stream");
   if (!silent.empty()) {
-    std::vector<std::string> who;
-    for (int r : silent) who.push_back(absl::StrCat(r, " (", ranks_[r]->address, ")"));
+    // Every rank waiting in a collective for the one that stopped is silent
+    // too; a short question tells the operator which rank to look at.
+    const auto probe = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(300),
+                                                           options_.round_deadline / 4);
+    std::vector<std::string> gone;
+    std::vector<std::string> waiting;
+    for (int r : silent) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + probe);
+      v1::WorkerInfo i;
+      const std::string who = absl::StrCat(r, " (", ranks_[r]->address, ")");
+      if (ranks_[r]->stub->GetInfo(&ctx, v1::GetInfoRequest(), &i).ok()) {
+        waiting.push_back(who);
+      } else {
+        gone.push_back(who);
+      }
+    }
+    std::string detail;
+    if (!gone.empty()) {
+      absl::StrAppend(&detail, "; rank ", absl::StrJoin(gone, ", "),
+                      " does not answer (frozen, dead or cut off)");
+    }
+    if (!waiting.empty()) {
+      absl::StrAppend(&detail, "; rank ", absl::StrJoin(waiting, ", "),
+                      " answers but sent no result (waiting for its peers, or overloaded)");
+    }
     return Break(absl::UnavailableError(absl::StrCat(
-        "worker group '", info_.group(), "' rank ", absl::StrJoin(who, ", "),
-        " sent no result within the round deadline of ", options_.round_deadline.count(),
-        " ms (frozen, partitioned or overloaded); its streams were cancelled")));
+        "worker group '", info_.group(), "' sent no result for round ", due_.front().round_id,
+        " within the round deadline of ", options_.round_deadline.count(), " ms", detail,
+        "; its streams were cancelled")));
   }
   due_.pop_front();
   last_result_ = std::chrono::steady_clock::now();

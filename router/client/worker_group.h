@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -133,7 +134,11 @@ class WorkerGroupClient final : public WorkerGroup {
   // Send times of the rounds whose results are due, oldest first, and when
   // the last result arrived (a round sent ahead only starts then). Only the
   // sending/receiving thread uses them; not guarded.
-  std::deque<std::chrono::steady_clock::time_point> due_;
+  struct Due {
+    std::chrono::steady_clock::time_point sent;
+    uint64_t round_id = 0;
+  };
+  std::deque<Due> due_;
   std::chrono::steady_clock::time_point last_result_;
   bool broken_ = false;
   absl::Status broken_status_;
