@@ -162,8 +162,43 @@ absl::Status WorkerGroupClient::FailEnded(int r, const std::string& what) {
       Name(r), " ", what, ": ", st.ok() ? std::string("stream closed") : st.error_message())));
 }
 
+absl::Status WorkerGroupClient::FailAllEnded() {
+  // When a rank dies, its peers' streams end too, soon after (their round
+  // failed in a collective), and whichever the router sees first is luck.
+  // A moment's wait lets the message name every rank that ended, the dead
+  // one among them.
+  std::vector<int> ended;
+  {
+    absl::MutexLock l(&mu_);
+    auto all_ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& r : ranks_) {
+        if (!r->ended) return false;
+      }
+      return true;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&all_ended), absl::Milliseconds(200));
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (ranks_[r]->ended) ended.push_back(static_cast<int>(r));
+    }
+  }
+  std::vector<std::string> why;
+  for (int r : ended) {
+    Rank& k = *ranks_[r];
+    if (k.reader.joinable()) k.reader.join();
+    grpc::Status st = k.stream->Finish();
+    k.finished = true;
+    why.push_back(absl::StrCat("rank ", r, " (", k.address, ") ended its stream: ",
+                               st.ok() ? std::string("stream closed") : st.error_message()));
+  }
+  return Break(absl::UnavailableError(
+      absl::StrCat("worker group '", info_.group(), "' ", absl::StrJoin(why, "; "))));
+}
+
 absl::Status WorkerGroupClient::Send(const v1::RoundPlan& plan) {
   if (broken_) return broken_status_;
+  // A Write to a frozen rank cannot block this thread past the deadline:
+  // at most pipeline_depth plans go out before Receive() waits, and a few
+  // plans fit in HTTP/2's stream window many times over.
   for (size_t r = 0; r < ranks_.size(); ++r) {
     if (!ranks_[r]->stream->Write(plan)) {
       return FailEnded(static_cast<int>(r), "took no plan");
@@ -208,7 +243,7 @@ absl::StatusOr<v1::RoundResult> WorkerGroupClient::Receive() {
       }
     }
   }
-  if (ended >= 0) return FailEnded(ended, "ended its stream");
+  if (ended >= 0) return FailAllEnded();
   if (!silent.empty()) {
     // Every rank waiting in a collective for the one that stopped is silent
     // too; a short question tells the operator which rank to look at.

@@ -123,6 +123,8 @@ class WorkerGroupClient final : public WorkerGroup {
   absl::Status Break(absl::Status status);
   // The status rank r's ended stream finished with, as the broken status.
   absl::Status FailEnded(int r, const std::string& what);
+  // Like FailEnded, for every rank whose stream ended (at least one has).
+  absl::Status FailAllEnded();
   std::string Name(int r) const;
 
   const WorkerGroupOptions options_;
