@@ -62,6 +62,10 @@ ABSL_FLAG(int, pipeline_depth, 2,
 ABSL_FLAG(std::string, round_log, "",
           "append every round sent (lanes, row kinds, tokens fed, budget) to this file as JSON "
           "lines; for tests and traces");
+ABSL_FLAG(int, round_deadline_ms, 15000,
+          "longest wait for one round's results from every rank of a group (15 s); a rank that "
+          "misses it fails the group's lanes with UNAVAILABLE and the group reconnects. Must "
+          "exceed the slowest round of the model");
 ABSL_FLAG(int, connect_timeout_ms, 3000, "how long one attempt to connect a worker group waits");
 ABSL_FLAG(int, drain_timeout_ms, 5000, "how long running calls may finish on SIGTERM");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -230,6 +234,11 @@ int main(int argc, char** argv) {
   if (o.pipeline_depth < 1 || o.pipeline_depth > 2) {
     rs::ExitWithUsageError("--pipeline_depth must be 1 or 2");
   }
+  const int round_deadline_ms = absl::GetFlag(FLAGS_round_deadline_ms);
+  if (round_deadline_ms < 100 || round_deadline_ms > 3600 * 1000) {
+    rs::ExitWithUsageError("--round_deadline_ms must be in [100, 3600000]");
+  }
+  o.round_deadline = std::chrono::milliseconds(round_deadline_ms);
   o.round_log_path = absl::GetFlag(FLAGS_round_log);
   o.loop_watchdog.enabled = absl::GetFlag(FLAGS_loop_watchdog);
   o.loop_watchdog.max_period = absl::GetFlag(FLAGS_loop_max_period);

@@ -46,6 +46,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
   if (options.min_prefill_chunk < 1) {
     return absl::InvalidArgumentError("min_prefill_chunk must be >= 1");
   }
+  if (options.round_deadline < std::chrono::milliseconds(1)) {
+    return absl::InvalidArgumentError("round_deadline must be positive");
+  }
   if (options.pipeline_depth < 1 || options.pipeline_depth > 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline_depth must be 1 or 2, got ", options.pipeline_depth));
@@ -75,10 +78,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
     GroupLoopHooks hooks;
     hooks.connect = r->options_.connect;
     if (!hooks.connect) {
+      const WorkerGroupOptions wo{.round_deadline = r->options_.round_deadline};
       hooks.connect =
-          [](const std::vector<std::string>& addresses,
-             std::chrono::milliseconds timeout) -> absl::StatusOr<std::unique_ptr<WorkerGroup>> {
-        auto c = WorkerGroupClient::Connect(addresses, timeout);
+          [wo](const std::vector<std::string>& addresses,
+               std::chrono::milliseconds timeout) -> absl::StatusOr<std::unique_ptr<WorkerGroup>> {
+        auto c = WorkerGroupClient::Connect(addresses, timeout, wo);
         if (!c.ok()) return c.status();
         return std::unique_ptr<WorkerGroup>(std::move(*c));
       };

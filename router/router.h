@@ -74,6 +74,10 @@ struct RouterOptions {
   // Rounds of one group in flight at once: 1 = plan after each result, 2 =
   // plan and send the next round while the workers run the previous one.
   int pipeline_depth = 2;
+  // Longest wait for one round's results from every rank of a group; a rank
+  // that misses it (frozen, partitioned) fails the group's lanes and the
+  // group reconnects (WorkerGroupOptions::round_deadline).
+  std::chrono::milliseconds round_deadline{15000};
   // When set, every round sent is appended to this file as one JSON line
   // (FormatRoundLog); for tests and traces, it costs a write per round.
   std::string round_log_path;

@@ -301,6 +301,16 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen_flag, rs::PeerServerCredentials(), &port);
+  // The router pings its workers (keepalive) to notice a frozen rank between
+  // rounds, as often as every second with a short round deadline; gRPC's
+  // default policy would take those pings for abuse and close the
+  // connection. Pinging the router back ends a stream whose router froze or
+  // vanished without closing its socket, so that a new router can connect.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   builder.RegisterService(&service);
   const bool serve_rendezvous = world > 1 && rendezvous.empty();
   if (serve_rendezvous) builder.RegisterService(&rendezvous_service);

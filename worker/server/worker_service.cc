@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,8 @@ namespace v1 = ringlane::v1;
 namespace {
 
 constexpr int kDefaultChunkBytes = 1 << 20;
+// How long a new Rounds stream waits for the one still open to end.
+constexpr std::chrono::seconds kStreamTakeoverWait{10};
 
 }  // namespace
 
@@ -84,9 +87,17 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
 grpc::Status WorkerService::Rounds(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::RoundResult, v1::RoundPlan>* stream) {
   if (draining_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is draining");
-  if (stream_open_.exchange(true)) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "a Rounds stream is already open on this worker");
+  // A router that cancelled its streams (a rank missed the round deadline)
+  // reconnects at once, while the old stream's handler may still be inside a
+  // round (waiting in a collective for a frozen peer, until the collective
+  // timeout). Wait for it a while instead of refusing the new stream.
+  const auto wait_until = std::chrono::steady_clock::now() + kStreamTakeoverWait;
+  while (stream_open_.exchange(true)) {
+    if (ctx->IsCancelled() || std::chrono::steady_clock::now() >= wait_until) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "a Rounds stream is already open on this worker");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   struct Closer {
     std::atomic<bool>* open;
