@@ -84,8 +84,18 @@ int Connect(int port) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "connect: %s",
-             std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    // libFuzzer's timer signal interrupts blocking calls; an interrupted
+    // connect goes on in the background.
+    FUZZ_CHECK(errno == EINTR, "connect: %s", std::strerror(errno));
+    pollfd p{fd, POLLOUT, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    FUZZ_CHECK(err == 0, "connect: %s", std::strerror(err));
+  }
   return fd;
 }
 
@@ -93,6 +103,7 @@ int Connect(int port) {
 bool SendAll(int fd, std::string_view bytes) {
   while (!bytes.empty()) {
     const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     bytes.remove_prefix(static_cast<size_t>(n));
   }
@@ -129,11 +140,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     pollfd p{fd, POLLIN, 0};
-    FUZZ_CHECK(left.count() > 0 && ::poll(&p, 1, static_cast<int>(left.count())) > 0,
+    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;  // libFuzzer's timer signal
+    FUZZ_CHECK(ready > 0,
                "the server kept the connection open for %d ms after the client finished "
                "(%zu bytes sent, %zu received)",
                kCloseDeadlineMs, bytes.size(), answer.size());
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // EOF or reset: closed either way
     // Only the start is checked; the rest is drained.
     if (answer.size() < 64) answer.append(buf, static_cast<size_t>(n));

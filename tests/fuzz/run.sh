@@ -43,11 +43,13 @@ run_one() {
       return 1
     fi
   fi
-  local dict=()
+  local dict=() flags=()
   [[ -f "$here/$t.dict" ]] && dict=(-dict="$here/$t.dict")
+  # <target>.flags: extra libFuzzer flags, one per line, '#' comments.
+  [[ -f "$here/$t.flags" ]] && mapfile -t flags < <(grep -v '^\s*\(#\|$\)' "$here/$t.flags")
   # -timeout: an input that takes seconds is a hang worth a report.
   "$bin" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$crashes/" "${dict[@]}" "$work" "$here/corpus/$t" >"$log" 2>&1
+    -artifact_prefix="$crashes/" "${dict[@]}" "${flags[@]}" "$work" "$here/corpus/$t" >"$log" 2>&1
 }
 
 pids=()
