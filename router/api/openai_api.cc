@@ -339,7 +339,7 @@ absl::StatusOr<json> ParseObject(std::string_view body) {
     try {
       const json again = json::parse(body.begin(), body.end());
       static_cast<void>(again);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // out_of_range too: "1e400" overflows a double
       why = absl::StrCat("not valid JSON (", e.what(), ")");
     }
     return absl::InvalidArgumentError(absl::StrCat("body: ", why));
