@@ -2,6 +2,14 @@
 # Both install their Debian packages first and are safe to run again.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+# Clang builds: the libFuzzer targets, and the suite under clang's sanitizers.
+FUZZ_BUILD ?= build-fuzz
+ASAN_CLANG_BUILD ?= build-asan-clang
+# Seconds per fuzz target: `make fuzz` (long runs) and the smoke run of `make test`.
+FUZZ_SECONDS ?= 600
+FUZZ_SMOKE_SECONDS ?= 30
+# Empty = every target in tests/fuzz/run.sh.
+FUZZ_TARGETS ?=
 JOBS ?= $(shell nproc)
 MODEL ?= deploy/models/stories260K/stories260K.bin
 TOKENIZER ?= deploy/models/stories260K/tok512.bin
@@ -11,7 +19,8 @@ WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
 
-.PHONY: all deps configure build test serve generate asan bench soak format clean
+.PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
+	fuzz fuzz-smoke bench soak format clean
 
 all: build
 
@@ -24,9 +33,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
 
-# Builds and runs every test.
-test: build
+# Builds and runs every test, then each fuzz target for FUZZ_SMOKE_SECONDS.
+test: build fuzz-targets
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	@tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
 
 # Serves the bundled model: two worker daemons as one TP2 group and the
 # router in front of them on loopback, the gRPC API on 127.0.0.1:50051; the
@@ -46,6 +56,34 @@ asan: deps
 	@cmake --build $(ASAN_BUILD) -j$(JOBS)
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j$(JOBS)
 
+# The suite built by clang under ASan and UBSan with float-cast-overflow
+# (GCC's UBSan lacks it), every finding fatal. -O1: the e2e tests have
+# deadlines that -O0 under ASan would miss.
+asan-clang: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(ASAN_CLANG_BUILD) -DCMAKE_BUILD_TYPE=Debug \
+	  "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" "-DCMAKE_C_FLAGS_DEBUG=-O1 -g" \
+	  -DRINGLANE_SANITIZE=ON -DRINGLANE_WITH_CUDA=OFF >/dev/null
+	@cmake --build $(ASAN_CLANG_BUILD) -j$(JOBS)
+	@cd $(ASAN_CLANG_BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# The libFuzzer targets of tests/fuzz (clang), and only the libraries they
+# link; fuzz-targets is the same without installing packages first.
+fuzz-build: deps fuzz-targets
+fuzz-targets:
+	@command -v clang++ >/dev/null || { echo "fuzzing needs clang++ (tools/install_deps.sh)"; exit 1; }
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DRINGLANE_FUZZ=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g" \
+	  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g" -DRINGLANE_WITH_CUDA=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_targets
+
+# Long fuzzing runs; the working corpus stays in $(FUZZ_BUILD)/fuzz-corpus,
+# crash inputs land in tests/fuzz/crashes/ (see tests/fuzz/run.sh).
+fuzz: fuzz-build
+	@tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz-build
+	@tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SMOKE_SECONDS) $(FUZZ_TARGETS)
+
 # Engine benchmarks on a synthetic 1.1B FP8 model (written once, ~1.2 GB).
 bench: build
 	@test -f $(BUILD)/models/synth-1b1-fp8/config.json || \
@@ -61,4 +99,4 @@ format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i
 
 clean:
-	@rm -rf $(BUILD) $(ASAN_BUILD)
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(ASAN_CLANG_BUILD) $(FUZZ_BUILD)

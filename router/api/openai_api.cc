@@ -1,6 +1,7 @@
 #include "router/api/openai_api.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -139,8 +140,7 @@ absl::StatusOr<int64_t> Integer(const json& v, std::string_view field) {
   }
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    // The range check comes first: converting a double outside int64 is
-    // undefined behaviour.
+    // Range first: converting a double outside int64 (1e300) is undefined.
     if (std::abs(d) < 9e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
   }
   return WrongType(field, "an integer", v);
@@ -370,7 +370,7 @@ absl::StatusOr<json> ParseObject(std::string_view body, const RequestLimits& lim
     try {
       const json again = json::parse(body.begin(), body.end());
       static_cast<void>(again);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // out_of_range too: "1e400" overflows a double
       why = absl::StrCat("not valid JSON (", e.what(), ")");
     }
     return absl::InvalidArgumentError(absl::StrCat("body: ", why));
@@ -401,7 +401,11 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   json logprobs_value;  // read after the loop: its meaning depends on the endpoint
   json top_logprobs_value;
 
-  for (const auto& [key, v] : j.items()) {
+  for (const auto& item : j.items()) {
+    // References rather than a structured binding: clang 14 cannot capture
+    // a binding in the lambda below.
+    const std::string& key = item.key();
+    const json& v = item.value();
     if (v.is_null()) continue;
     absl::Status st;
     auto num = [&](auto set) {

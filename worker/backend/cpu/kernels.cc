@@ -4,15 +4,29 @@
 #include <cmath>
 #include <vector>
 
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+#include <cpuid.h>
+#endif
+
 #include "worker/backend/cpu/attention_impl.h"
 
 namespace ringlane::worker::cpu {
 
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+namespace {
+// CPUID leaf 1, ECX bit 29. Read directly because clang 14's
+// __builtin_cpu_supports does not know "f16c" (GCC's does).
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 Isa DetectIsa(bool allow_avx512) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c()) {
 #if defined(RINGLANE_HAVE_AVX512_KERNELS)
     if (allow_avx512 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
 #endif
