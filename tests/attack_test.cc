@@ -344,7 +344,9 @@ TEST_F(AttackTest, ChoicesNotRequestsCountAgainstAKey) {
         },
         absl::Seconds(300));
     EXPECT_TRUE(s.ok()) << s.status();
-    if (s.ok()) EXPECT_EQ(s->status, 200) << s->body;
+    if (s.ok()) {
+      EXPECT_EQ(s->status, 200) << s->body;
+    }
     started = true;
   });
   while (!started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));

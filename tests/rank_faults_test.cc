@@ -246,7 +246,9 @@ StreamOut Stream(const std::string& http, const json& body,
       },
       absl::Seconds(60));
   s.end = Clock::now();
-  if (!may_break) EXPECT_TRUE(r.ok()) << r.status();
+  if (!may_break) {
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
   if (r.ok()) s.status = r->status;
   return s;
 }

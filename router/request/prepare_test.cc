@@ -22,7 +22,7 @@ class PrepareTest : public ::testing::Test {
     auto tok = LoadTokenizer(RINGLANE_SOURCE_DIR "/deploy/models/stories260K/tok512.bin");
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
-    model_.model_id = "m";
+    model_.model_id = std::string(1, 'm');
     model_.max_context_tokens = 512;
     model_.vocab_size = 512;
     model_.limits.set_max_top_logprobs(20);
@@ -82,7 +82,7 @@ TEST_F(PrepareTest, SessionIdsStopsAndStopIdsAreBounded) {
   EXPECT_TRUE(Prepare(r, wide).ok());
 
   r = Request();
-  for (int i = 0; i < 17; ++i) r.add_stop("s");
+  for (int i = 0; i < 17; ++i) r.add_stop(std::string(1, 's'));
   EXPECT_THAT(Prepare(r).status().message(), HasSubstr("at most 16 stop strings"));
 
   r = Request();
