@@ -434,8 +434,16 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
   EXPECT_EQ(Metric(m->body, "ringlane_kv_blocks_used"), 0) << m->body;
   EXPECT_EQ(Metric(m->body, "ringlane_lanes_running"), 0);
   EXPECT_EQ(Metric(m->body, "ringlane_lanes_waiting"), 0);
+  // The last stream's release row may still be on its way when its client
+  // has the final token: the workers must come to 0 lanes, not be there at
+  // once.
   for (Group* g : {&g0, &g1}) {
-    EXPECT_EQ(g->RankMetric("ringlane_worker_lanes"), 0);
+    double lanes = -1;
+    for (int i = 0; i < 100 && lanes != 0; ++i) {
+      lanes = g->RankMetric("ringlane_worker_lanes");
+      if (lanes != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(lanes, 0);
   }
   EXPECT_EQ(Metric(m->body, "ringlane_kv_blocks_capacity", "group=\"0\""),
             g0.RankMetric("ringlane_worker_kv_pool_blocks") / 2);
