@@ -142,6 +142,21 @@ absl::StatusOr<std::vector<v1::GenerateRequest>> ParsePrompts(const json& v) {
   return out;
 }
 
+// A count of alternatives per token: an integer in [0, api_max], and within
+// what the workers return when that is known (limits.max_top_logprobs).
+absl::StatusOr<int32_t> LogprobCount(const json& v, std::string_view field, int64_t api_max,
+                                     const RequestLimits& limits) {
+  absl::StatusOr<int64_t> i = Integer(v, field);
+  if (!i.ok()) return i.status();
+  const int64_t hi =
+      limits.max_top_logprobs >= 0 ? std::min<int64_t>(api_max, limits.max_top_logprobs) : api_max;
+  if (*i >= 0 && *i <= hi) return static_cast<int32_t>(*i);
+  if (hi == std::numeric_limits<int32_t>::max()) {
+    return Bad(field, *i < 0 ? absl::StrCat("must be >= 0, got ", *i) : "out of range");
+  }
+  return Bad(field, absl::StrCat("must be in [0, ", hi, "], got ", *i));
+}
+
 absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
   if (!v.is_array()) return WrongType("messages", "an array", v);
   if (v.empty()) return Bad("messages", "empty list");
@@ -378,12 +393,14 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
                             static_cast<int64_t>(prompts.size()) * p.n, " choices; at most ",
                             limits.max_choices, " per request (--max_choices_per_request)"));
   }
-  if (base.stop_size() > 4) {
-    return Bad("stop", absl::StrCat("at most 4 stop sequences, got ", base.stop_size()));
+  if (base.stop_size() > kMaxStopSequences) {
+    return Bad("stop", absl::StrCat("at most ", kMaxStopSequences, " stop sequences, got ",
+                                    base.stop_size()));
   }
 
-  // logprobs: chat takes a boolean and top_logprobs in [0, 20]; completions
-  // an integer in [0, 5] that is also the number of alternatives.
+  // logprobs: chat takes a boolean and top_logprobs up to what the workers
+  // return; completions an integer up to kCompletionsMaxLogprobs that is
+  // also the number of alternatives.
   if (chat) {
     if (!logprobs_value.is_null()) {
       absl::StatusOr<bool> b = Bool(logprobs_value, "logprobs");
@@ -391,13 +408,15 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       p.logprobs = *b;
     }
     if (!top_logprobs_value.is_null()) {
-      absl::StatusOr<int32_t> t = Int32(top_logprobs_value, "top_logprobs", 0, 20);
+      absl::StatusOr<int32_t> t = LogprobCount(top_logprobs_value, "top_logprobs",
+                                               std::numeric_limits<int32_t>::max(), limits);
       if (!t.ok()) return t.status();
       if (!p.logprobs) return Bad("top_logprobs", "requires logprobs to be true");
       p.top_logprobs = *t;
     }
   } else if (!logprobs_value.is_null()) {
-    absl::StatusOr<int32_t> t = Int32(logprobs_value, "logprobs", 0, 5);
+    absl::StatusOr<int32_t> t =
+        LogprobCount(logprobs_value, "logprobs", kCompletionsMaxLogprobs, limits);
     if (!t.ok()) return t.status();
     p.logprobs = true;
     p.top_logprobs = *t;

@@ -27,6 +27,11 @@ enum class Endpoint { kCompletions, kChatCompletions };
 // OpenAI's legacy API and vLLM; chat completions default to the rest of the
 // context.
 inline constexpr int kCompletionsDefaultMaxTokens = 16;
+// What OpenAI's API itself allows, whatever the workers could do: stop
+// sequences per request, and alternatives per token of completions'
+// integer `logprobs`.
+inline constexpr int kMaxStopSequences = 4;
+inline constexpr int kCompletionsMaxLogprobs = 5;
 
 // Bounds on what one request body may ask for, each enforced while parsing
 // (flags of ringlane-router; defaults documented in README.md).
@@ -43,6 +48,12 @@ struct RequestLimits {
   size_t max_stop_bytes = 1024;
   size_t max_session_id_bytes = 256;
   size_t max_request_id_bytes = 128;
+  // Alternatives per token the workers' sampler returns at most
+  // (WorkerInfo.limits.max_top_logprobs, which the gateway copies from
+  // Router::model() for each request), so that a client learns the bound
+  // under OpenAI's field name. -1 while no worker group has connected: then
+  // only the sign is checked here, and Router::Prepare refuses the request.
+  int max_top_logprobs = -1;
 };
 
 // InvalidArgument when `body` nests arrays/objects deeper than `max_depth`
