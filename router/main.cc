@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -23,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "router/api/gateway.h"
 #include "router/api/generate_service.h"
@@ -123,6 +126,34 @@ namespace {
 
 using rs::IsLoopbackHost;
 
+// A numeric flag and the range it must lie in. main() checks every row in
+// one loop before it builds anything, so each bound is written once, beside
+// its flag's name.
+struct FlagRange {
+  const char* name;  // without the leading "--"
+  double value;
+  double min;
+  double max;
+};
+constexpr double kNoMax = std::numeric_limits<double>::infinity();
+
+template <typename T>
+FlagRange Range(const char* name, T value, double min, double max = kNoMax) {
+  return {name, static_cast<double>(value), min, max};
+}
+
+// Exits with a usage error (status 2) naming the first flag out of its range.
+void CheckFlagRanges(std::initializer_list<FlagRange> flags) {
+  auto number = [](double x) { return absl::StrFormat("%.15g", x); };
+  for (const FlagRange& f : flags) {
+    if (f.value >= f.min && f.value <= f.max) continue;  // NaN fails too
+    rs::ExitWithUsageError(
+        f.max == kNoMax
+            ? absl::StrCat("--", f.name, " must be >= ", number(f.min))
+            : absl::StrCat("--", f.name, " must be in [", number(f.min), ", ", number(f.max), "]"));
+  }
+}
+
 // Keys from --api_key_file and RINGLANE_API_KEYS; exits when the file
 // cannot be read.
 std::set<std::string> LoadApiKeys(const std::string& file) {
@@ -179,6 +210,33 @@ int main(int argc, char** argv) {
   if (!level.ok()) rs::ExitWithUsageError(absl::StrCat("--log_level: ", level.status().message()));
   rs::SetMinLogSeverity(*level);
 
+  CheckFlagRanges({
+      Range("default_temperature", absl::GetFlag(FLAGS_default_temperature), 0, 100),
+      Range("max_waiting", absl::GetFlag(FLAGS_max_waiting), 1),
+      Range("round_token_budget", absl::GetFlag(FLAGS_round_token_budget), 2),
+      Range("max_lanes", absl::GetFlag(FLAGS_max_lanes), 1),
+      Range("itl_target_ms", absl::GetFlag(FLAGS_itl_target_ms), 0),
+      Range("min_prefill_chunk", absl::GetFlag(FLAGS_min_prefill_chunk), 1),
+      Range("max_choices", absl::GetFlag(FLAGS_max_choices), 1),
+      Range("max_tokens_default", absl::GetFlag(FLAGS_max_tokens_default), 0),
+      Range("pipeline_depth", absl::GetFlag(FLAGS_pipeline_depth), 1, 2),
+      Range("round_deadline_ms", absl::GetFlag(FLAGS_round_deadline_ms), 100, 3600 * 1000),
+      Range("connect_timeout_ms", absl::GetFlag(FLAGS_connect_timeout_ms), 1),
+      Range("drain_timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms), 0),
+      Range("max_concurrent_per_key", absl::GetFlag(FLAGS_max_concurrent_per_key), 0),
+      Range("max_body_bytes", absl::GetFlag(FLAGS_max_body_bytes), 1024),
+      Range("http_max_connections", absl::GetFlag(FLAGS_http_max_connections), 1),
+      Range("http_max_connections_per_peer", absl::GetFlag(FLAGS_http_max_connections_per_peer), 0),
+      Range("http_first_byte_timeout_ms", absl::GetFlag(FLAGS_http_first_byte_timeout_ms), 1),
+      Range("http_idle_timeout_ms", absl::GetFlag(FLAGS_http_idle_timeout_ms), 1),
+      Range("max_json_depth", absl::GetFlag(FLAGS_max_json_depth), 8, 10000),
+      Range("max_choices_per_request", absl::GetFlag(FLAGS_max_choices_per_request), 1),
+      Range("max_buffered_logprobs", absl::GetFlag(FLAGS_max_buffered_logprobs), 0),
+      Range("max_request_id_bytes", absl::GetFlag(FLAGS_max_request_id_bytes), 8, 4096),
+      Range("max_session_id_bytes", absl::GetFlag(FLAGS_max_session_id_bytes), 8, 65536),
+      Range("max_stop_bytes", absl::GetFlag(FLAGS_max_stop_bytes), 1, 1 << 20),
+  });
+
   rr::RouterOptions o;
   const std::string workers = absl::GetFlag(FLAGS_workers);
   if (workers.empty()) rs::ExitWithUsageError("--workers is required");
@@ -207,38 +265,24 @@ int main(int argc, char** argv) {
   if (tok_path.empty()) rs::ExitWithUsageError("--tokenizer is required");
   o.model_id = absl::GetFlag(FLAGS_model_id);
   o.default_temperature = static_cast<float>(absl::GetFlag(FLAGS_default_temperature));
-  if (!(o.default_temperature >= 0 && o.default_temperature <= 100)) {
-    rs::ExitWithUsageError("--default_temperature must be in [0, 100]");
-  }
   auto policy = rr::ParseSeedPolicy(absl::GetFlag(FLAGS_seed_policy));
   if (!policy.ok())
     rs::ExitWithUsageError(absl::StrCat("--seed_policy: ", policy.status().message()));
   o.seed_policy = *policy;
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
-  if (o.max_waiting < 1) rs::ExitWithUsageError("--max_waiting must be >= 1");
   o.round_token_budget = absl::GetFlag(FLAGS_round_token_budget);
-  if (o.round_token_budget < 2) rs::ExitWithUsageError("--round_token_budget must be >= 2");
   o.max_lanes = absl::GetFlag(FLAGS_max_lanes);
-  if (o.max_lanes < 1 || o.max_lanes >= o.round_token_budget) {
+  // The one bound that depends on another flag: decode rows of every lane
+  // must leave a round's budget room for prefill.
+  if (o.max_lanes >= o.round_token_budget) {
     rs::ExitWithUsageError("--max_lanes must be in [1, --round_token_budget)");
   }
   o.itl_target_ms = absl::GetFlag(FLAGS_itl_target_ms);
-  if (!(o.itl_target_ms >= 0)) rs::ExitWithUsageError("--itl_target_ms must be >= 0");
   o.min_prefill_chunk = absl::GetFlag(FLAGS_min_prefill_chunk);
-  if (o.min_prefill_chunk < 1) rs::ExitWithUsageError("--min_prefill_chunk must be >= 1");
   o.max_choices = absl::GetFlag(FLAGS_max_choices);
-  if (o.max_choices < 1) rs::ExitWithUsageError("--max_choices must be >= 1");
   o.max_tokens_default = absl::GetFlag(FLAGS_max_tokens_default);
-  if (o.max_tokens_default < 0) rs::ExitWithUsageError("--max_tokens_default must be >= 0");
   o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
-  if (o.pipeline_depth < 1 || o.pipeline_depth > 2) {
-    rs::ExitWithUsageError("--pipeline_depth must be 1 or 2");
-  }
-  const int round_deadline_ms = absl::GetFlag(FLAGS_round_deadline_ms);
-  if (round_deadline_ms < 100 || round_deadline_ms > 3600 * 1000) {
-    rs::ExitWithUsageError("--round_deadline_ms must be in [100, 3600000]");
-  }
-  o.round_deadline = std::chrono::milliseconds(round_deadline_ms);
+  o.round_deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_round_deadline_ms));
   o.round_log_path = absl::GetFlag(FLAGS_round_log);
   o.loop_watchdog.enabled = absl::GetFlag(FLAGS_loop_watchdog);
   o.loop_watchdog.max_period = absl::GetFlag(FLAGS_loop_max_period);
@@ -276,50 +320,23 @@ int main(int argc, char** argv) {
   }
   go.metrics_require_key = absl::GetFlag(FLAGS_metrics_require_key);
   go.max_concurrent_per_key = absl::GetFlag(FLAGS_max_concurrent_per_key);
-  if (go.max_concurrent_per_key < 0)
-    rs::ExitWithUsageError("--max_concurrent_per_key must be >= 0");
-  const int64_t max_body = absl::GetFlag(FLAGS_max_body_bytes);
-  if (max_body < 1024) rs::ExitWithUsageError("--max_body_bytes must be >= 1024");
-  go.max_body_bytes = static_cast<size_t>(max_body);
+  go.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes));
   go.max_connections = absl::GetFlag(FLAGS_http_max_connections);
-  if (go.max_connections < 1) rs::ExitWithUsageError("--http_max_connections must be >= 1");
   go.max_connections_per_peer = absl::GetFlag(FLAGS_http_max_connections_per_peer);
-  if (go.max_connections_per_peer < 0) {
-    rs::ExitWithUsageError("--http_max_connections_per_peer must be >= 0");
-  }
-  const int first_byte_ms = absl::GetFlag(FLAGS_http_first_byte_timeout_ms);
-  if (first_byte_ms < 1) rs::ExitWithUsageError("--http_first_byte_timeout_ms must be >= 1");
-  go.first_byte_timeout = std::chrono::milliseconds(first_byte_ms);
-  const int idle_ms = absl::GetFlag(FLAGS_http_idle_timeout_ms);
-  if (idle_ms < 1) rs::ExitWithUsageError("--http_idle_timeout_ms must be >= 1");
-  go.idle_timeout = std::chrono::milliseconds(idle_ms);
+  go.first_byte_timeout =
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_http_first_byte_timeout_ms));
+  go.idle_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_http_idle_timeout_ms));
   go.limits.max_json_depth = absl::GetFlag(FLAGS_max_json_depth);
-  if (go.limits.max_json_depth < 8 || go.limits.max_json_depth > 10000) {
-    rs::ExitWithUsageError("--max_json_depth must be in [8, 10000]");
-  }
   go.limits.max_choices = absl::GetFlag(FLAGS_max_choices_per_request);
-  if (go.limits.max_choices < 1) rs::ExitWithUsageError("--max_choices_per_request must be >= 1");
   go.max_buffered_logprobs = absl::GetFlag(FLAGS_max_buffered_logprobs);
-  if (go.max_buffered_logprobs < 0) rs::ExitWithUsageError("--max_buffered_logprobs must be >= 0");
-  auto byte_flag = [](int64_t v, const char* name, int64_t lo, int64_t hi) {
-    if (v < lo || v > hi) {
-      rs::ExitWithUsageError(absl::StrCat("--", name, " must be in [", lo, ", ", hi, "]"));
-    }
-    return static_cast<size_t>(v);
-  };
-  o.max_request_id_bytes =
-      byte_flag(absl::GetFlag(FLAGS_max_request_id_bytes), "max_request_id_bytes", 8, 4096);
-  o.max_session_id_bytes =
-      byte_flag(absl::GetFlag(FLAGS_max_session_id_bytes), "max_session_id_bytes", 8, 65536);
+  o.max_request_id_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_request_id_bytes));
+  o.max_session_id_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_session_id_bytes));
   go.max_request_id_bytes = o.max_request_id_bytes;
   go.limits.max_request_id_bytes = o.max_request_id_bytes;
   go.limits.max_session_id_bytes = o.max_session_id_bytes;
-  o.max_stop_bytes = byte_flag(absl::GetFlag(FLAGS_max_stop_bytes), "max_stop_bytes", 1, 1 << 20);
+  o.max_stop_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_stop_bytes));
   go.limits.max_stop_bytes = o.max_stop_bytes;
-
-  const int connect_ms = absl::GetFlag(FLAGS_connect_timeout_ms);
-  if (connect_ms < 1) rs::ExitWithUsageError("--connect_timeout_ms must be positive");
-  o.connect_timeout = std::chrono::milliseconds(connect_ms);
+  o.connect_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms));
 
   auto tok = rr::LoadTokenizer(tok_path);
   if (!tok.ok()) {

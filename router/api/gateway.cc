@@ -3,7 +3,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 #include "router/request/errors.h"
@@ -288,8 +287,14 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
     }
   }
   const std::string session_header = req.Header("x-session-id");
+  // The workers' sampling bounds, as they advertised them in GetInfo: the
+  // parser names the OpenAI field that exceeds one.
+  openai::RequestLimits limits = options_.limits;
+  if (std::optional<ModelDescription> m = router_->model()) {
+    limits.max_top_logprobs = m->limits.max_top_logprobs();
+  }
   absl::StatusOr<openai::ParsedRequest> parsed =
-      openai::ParseRequest(endpoint, req.body, session_header, options_.limits);
+      openai::ParseRequest(endpoint, req.body, session_header, limits);
   if (!parsed.ok()) return SendError(out, openai::ErrorFromStatus(parsed.status()));
   generating_.fetch_add(1);
   struct Done {

@@ -161,6 +161,48 @@ TEST(OpenAiParseTest, DeepNestingIsRefusedBeforeParsing) {
       ParseRequest(Endpoint::kCompletions, R"({"model":"m","prompt":[[[1]]]})", "", limits).ok());
 }
 
+TEST(OpenAiParseTest, LogprobCountsAreBoundByTheWorkersLimit) {
+  const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"x"}],)"
+                           R"("logprobs":true,"top_logprobs":)";
+  RequestLimits limits;
+  limits.max_top_logprobs = 20;  // as the workers advertise it in GetInfo
+  struct Case {
+    Endpoint endpoint;
+    std::string body;
+    int max_top_logprobs;
+    const char* param;
+    const char* message;
+  };
+  const Endpoint C = Endpoint::kCompletions, H = Endpoint::kChatCompletions;
+  const std::vector<Case> cases = {
+      {H, chat + "21}", 20, "top_logprobs", "must be in [0, 20], got 21"},
+      {H, chat + "-1}", 20, "top_logprobs", "must be in [0, 20], got -1"},
+      {H, chat + "4}", 3, "top_logprobs", "must be in [0, 3], got 4"},
+      // Before a group connected the bound is unknown: the sign still is.
+      {H, chat + "-1}", -1, "top_logprobs", "must be >= 0, got -1"},
+      {H, chat + R"("2"})", 20, "top_logprobs", "expected an integer"},
+      // Completions: OpenAI's own bound of 5, or the workers' when lower.
+      {C, R"({"model":"m","prompt":"x","logprobs":6})", 20, "logprobs", "must be in [0, 5]"},
+      {C, R"({"model":"m","prompt":"x","logprobs":4})", 3, "logprobs", "must be in [0, 3]"},
+  };
+  for (const Case& c : cases) {
+    RequestLimits l;
+    l.max_top_logprobs = c.max_top_logprobs;
+    auto p = ParseRequest(c.endpoint, c.body, "", l);
+    ASSERT_FALSE(p.ok()) << c.body;
+    const ApiError e = ErrorFromStatus(p.status());
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.message;
+    EXPECT_THAT(e.message, HasSubstr(c.message)) << c.body;
+  }
+  auto ok = ParseRequest(Endpoint::kChatCompletions, chat + "20}", "", limits);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->prompts[0].sampling().top_logprobs(), 20);
+  // Unknown bound: left to Router::Prepare, which refuses before any group.
+  ok = ParseRequest(Endpoint::kChatCompletions, chat + "21}", "");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+}
+
 TEST(OpenAiParseTest, LongFreeStringsAreRefused) {
   const std::string big(300, 'u');
   auto p = ParseRequest(Endpoint::kCompletions,

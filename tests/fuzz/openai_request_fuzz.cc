@@ -27,10 +27,19 @@ void CheckRejection(const absl::Status& status) {
   FUZZ_CHECK(nlohmann::json::accept(body), "error body is not JSON: %s", body.c_str());
 }
 
-void CheckParsed(const openai::ParsedRequest& r) {
+// The gateway passes the workers' advertised bound (WorkerInfo.limits); the
+// value is theirs today, any other would do.
+openai::RequestLimits WorkerLimits() {
+  openai::RequestLimits limits;
+  limits.max_top_logprobs = 20;
+  return limits;
+}
+
+void CheckParsed(const openai::ParsedRequest& r, const openai::RequestLimits& limits) {
   FUZZ_CHECK(!r.prompts.empty(), "accepted a request without prompts");
   FUZZ_CHECK(r.n >= 1, "n = %d", r.n);
-  FUZZ_CHECK(r.top_logprobs >= 0 && r.top_logprobs <= 20, "top_logprobs = %d", r.top_logprobs);
+  FUZZ_CHECK(r.top_logprobs >= 0 && r.top_logprobs <= limits.max_top_logprobs, "top_logprobs = %d",
+             r.top_logprobs);
   FUZZ_CHECK(!r.model.empty(), "accepted a request without a model");
   for (const ringlane::v1::GenerateRequest& p : r.prompts) {
     FUZZ_CHECK(p.max_tokens() >= 0, "max_tokens = %d", p.max_tokens());
@@ -46,9 +55,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   for (openai::Endpoint endpoint :
        {openai::Endpoint::kCompletions, openai::Endpoint::kChatCompletions}) {
-    absl::StatusOr<openai::ParsedRequest> r = openai::ParseRequest(endpoint, body, "fuzz-session");
+    static const openai::RequestLimits limits = WorkerLimits();
+    absl::StatusOr<openai::ParsedRequest> r =
+        openai::ParseRequest(endpoint, body, "fuzz-session", limits);
     if (r.ok()) {
-      CheckParsed(*r);
+      CheckParsed(*r, limits);
     } else {
       CheckRejection(r.status());
     }

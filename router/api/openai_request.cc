@@ -1,169 +1,31 @@
-#include "router/api/openai_api.h"
+#include "router/api/openai_request.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <set>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "router/request/errors.h"
-#include "router/tokenizer/utf8.h"
+#include "nlohmann/json.hpp"
+#include "router/api/openai_json.h"
 
 namespace ringlane::router::openai {
 
 namespace v1 = ringlane::v1;
+using internal::Bad;
+using internal::Bool;
+using internal::Int32;
+using internal::Integer;
+using internal::Number;
+using internal::ParseObject;
+using internal::String;
+using internal::TypeName;
+using internal::WrongType;
 using nlohmann::json;
 
-std::string ValidUtf8(std::string_view bytes) { return utf8::ToValid(bytes); }
-
-std::string ErrorJson(const ApiError& e) {
-  json j = {{"error",
-             {{"message", ValidUtf8(e.message)},
-              {"type", e.type},
-              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-              {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
-  return j.dump();
-}
-
-ApiError ErrorFromStatus(const absl::Status& status) {
-  ApiError e;
-  e.message = std::string(status.message());
-  // Messages of bad input start with the field: "max_tokens: ...".
-  const size_t colon = e.message.find(": ");
-  if (colon != std::string::npos && colon > 0 && e.message.find_first_of(" '\"", 0) > colon) {
-    e.param = e.message.substr(0, colon);
-  }
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      if (KindOf(status) == ErrorKind::kModelNotFound) {
-        e.status = 404;
-        e.type = "not_found_error";
-        e.code = "model_not_found";
-      } else {
-        e.status = 400;
-      }
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      e.status = 429;
-      e.type = "rate_limit_error";
-      e.code = "rate_limit_exceeded";
-      break;
-    case absl::StatusCode::kUnavailable:
-      e.status = 503;
-      e.type = "service_unavailable_error";
-      break;
-    case absl::StatusCode::kUnauthenticated:
-      e.status = 401;
-      e.type = "authentication_error";
-      e.code = "invalid_api_key";
-      break;
-    case absl::StatusCode::kPermissionDenied:
-      e.status = 403;
-      e.type = "permission_error";
-      break;
-    case absl::StatusCode::kNotFound:
-      e.status = 404;
-      e.type = "not_found_error";
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      e.status = 504;
-      e.type = "timeout_error";
-      break;
-    case absl::StatusCode::kCancelled:
-      e.status = 499;
-      e.type = "cancelled";
-      break;
-    default:
-      e.status = 500;
-      e.type = "internal_error";
-  }
-  return e;
-}
-
-std::string FinishReasonName(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return "stop";
-    case v1::FINISH_REASON_LENGTH:
-      return "length";
-    case v1::FINISH_REASON_LOOP:
-      return "loop";
-    case v1::FINISH_REASON_ABORT:
-      return "abort";
-    default:
-      return "";
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Parsing
-
 namespace {
-
-absl::Status Bad(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why)));
-}
-
-std::string TypeName(const json& v) {
-  if (v.is_string()) return "string";
-  if (v.is_boolean()) return "boolean";
-  if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
-  if (v.is_number()) return "number";
-  if (v.is_array()) return "array";
-  if (v.is_object()) return "object";
-  return "null";
-}
-
-absl::Status WrongType(std::string_view field, std::string_view want, const json& v) {
-  return Bad(field, absl::StrCat("expected ", std::string(want), ", got ", TypeName(v)));
-}
-
-absl::StatusOr<double> Number(const json& v, std::string_view field) {
-  if (!v.is_number()) return WrongType(field, "a number", v);
-  return v.get<double>();
-}
-
-// Integers within int64; a float with no fraction (1.0) counts, as in
-// Python's pydantic coercion that OpenAI servers use.
-absl::StatusOr<int64_t> Integer(const json& v, std::string_view field) {
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Bad(field, "out of range");
-    }
-    return static_cast<int64_t>(u);
-  }
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    // Range first: converting a double outside int64 (1e300) is undefined.
-    if (std::abs(d) < 9e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
-  }
-  return WrongType(field, "an integer", v);
-}
-
-absl::StatusOr<int32_t> Int32(const json& v, std::string_view field, int64_t lo, int64_t hi) {
-  absl::StatusOr<int64_t> i = Integer(v, field);
-  if (!i.ok()) return i.status();
-  if (*i < lo || *i > hi) {
-    return Bad(field, absl::StrCat("must be in [", lo, ", ", hi, "], got ", *i));
-  }
-  return static_cast<int32_t>(*i);
-}
-
-absl::StatusOr<bool> Bool(const json& v, std::string_view field) {
-  if (!v.is_boolean()) return WrongType(field, "a boolean", v);
-  return v.get<bool>();
-}
-
-absl::StatusOr<std::string> String(const json& v, std::string_view field) {
-  if (!v.is_string()) return WrongType(field, "a string", v);
-  return v.get<std::string>();
-}
 
 // Fields of OpenAI's API (or common extensions) not implemented here: named
 // in the 400, so that a client knows it was not ignored.
@@ -280,6 +142,21 @@ absl::StatusOr<std::vector<v1::GenerateRequest>> ParsePrompts(const json& v) {
   return out;
 }
 
+// A count of alternatives per token: an integer in [0, api_max], and within
+// what the workers return when that is known (limits.max_top_logprobs).
+absl::StatusOr<int32_t> LogprobCount(const json& v, std::string_view field, int64_t api_max,
+                                     const RequestLimits& limits) {
+  absl::StatusOr<int64_t> i = Integer(v, field);
+  if (!i.ok()) return i.status();
+  const int64_t hi =
+      limits.max_top_logprobs >= 0 ? std::min<int64_t>(api_max, limits.max_top_logprobs) : api_max;
+  if (*i >= 0 && *i <= hi) return static_cast<int32_t>(*i);
+  if (hi == std::numeric_limits<int32_t>::max()) {
+    return Bad(field, *i < 0 ? absl::StrCat("must be >= 0, got ", *i) : "out of range");
+  }
+  return Bad(field, absl::StrCat("must be in [0, ", hi, "], got ", *i));
+}
+
 absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
   if (!v.is_array()) return WrongType("messages", "an array", v);
   if (v.empty()) return Bad("messages", "empty list");
@@ -325,58 +202,6 @@ absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
     if (msg->role().empty()) return Bad(field + ".role", "required");
   }
   return out;
-}
-
-}  // namespace
-
-absl::Status CheckJsonDepth(std::string_view body, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character cannot end the string
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("body: JSON nested deeper than ", max_depth, " levels (at byte ", i, ")"));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;  // unbalanced brackets are the parser's to report
-    }
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-absl::StatusOr<json> ParseObject(std::string_view body, const RequestLimits& limits) {
-  // nlohmann parses, copies and destroys recursively: a body of 150,000
-  // nested brackets, far under the body limit, overflows the stack. The scan
-  // is linear and refuses such a body before the parser sees it.
-  if (absl::Status st = CheckJsonDepth(body, limits.max_json_depth); !st.ok()) return st;
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Parse again for the reason (the position of the first error).
-    std::string why = "not valid JSON";
-    try {
-      const json again = json::parse(body.begin(), body.end());
-      static_cast<void>(again);
-    } catch (const json::exception& e) {  // out_of_range too: "1e400" overflows a double
-      why = absl::StrCat("not valid JSON (", e.what(), ")");
-    }
-    return absl::InvalidArgumentError(absl::StrCat("body: ", why));
-  }
-  if (!j.is_object()) return WrongType("body", "a JSON object", j);
-  return j;
 }
 
 }  // namespace
@@ -568,12 +393,14 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
                             static_cast<int64_t>(prompts.size()) * p.n, " choices; at most ",
                             limits.max_choices, " per request (--max_choices_per_request)"));
   }
-  if (base.stop_size() > 4) {
-    return Bad("stop", absl::StrCat("at most 4 stop sequences, got ", base.stop_size()));
+  if (base.stop_size() > kMaxStopSequences) {
+    return Bad("stop", absl::StrCat("at most ", kMaxStopSequences, " stop sequences, got ",
+                                    base.stop_size()));
   }
 
-  // logprobs: chat takes a boolean and top_logprobs in [0, 20]; completions
-  // an integer in [0, 5] that is also the number of alternatives.
+  // logprobs: chat takes a boolean and top_logprobs up to what the workers
+  // return; completions an integer up to kCompletionsMaxLogprobs that is
+  // also the number of alternatives.
   if (chat) {
     if (!logprobs_value.is_null()) {
       absl::StatusOr<bool> b = Bool(logprobs_value, "logprobs");
@@ -581,13 +408,15 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       p.logprobs = *b;
     }
     if (!top_logprobs_value.is_null()) {
-      absl::StatusOr<int32_t> t = Int32(top_logprobs_value, "top_logprobs", 0, 20);
+      absl::StatusOr<int32_t> t = LogprobCount(top_logprobs_value, "top_logprobs",
+                                               std::numeric_limits<int32_t>::max(), limits);
       if (!t.ok()) return t.status();
       if (!p.logprobs) return Bad("top_logprobs", "requires logprobs to be true");
       p.top_logprobs = *t;
     }
   } else if (!logprobs_value.is_null()) {
-    absl::StatusOr<int32_t> t = Int32(logprobs_value, "logprobs", 0, 5);
+    absl::StatusOr<int32_t> t =
+        LogprobCount(logprobs_value, "logprobs", kCompletionsMaxLogprobs, limits);
     if (!t.ok()) return t.status();
     p.logprobs = true;
     p.top_logprobs = *t;
@@ -685,184 +514,6 @@ absl::StatusOr<std::pair<std::string, std::vector<int32_t>>> ParseDetokenizeRequ
   }
   if (!has_tokens) return Bad("tokens", "required");
   return out;
-}
-
-// ---------------------------------------------------------------------------
-// Responses
-
-ResponseBuilder::ResponseBuilder(const ParsedRequest& request, std::string id, int64_t created,
-                                 std::string model, int num_prompts, const Tokenizer& tokenizer)
-    : request_(request),
-      id_(std::move(id)),
-      created_(created),
-      model_(std::move(model)),
-      tokenizer_(tokenizer),
-      choices_(static_cast<size_t>(num_prompts * request.n)) {
-  for (ChoiceState& c : choices_) {
-    c.echo_pending = request.echo;
-    if (request.logprobs) {
-      c.logprobs = request.endpoint == Endpoint::kChatCompletions
-                       ? json{{"content", json::array()}}
-                       : json{{"tokens", json::array()},
-                              {"token_logprobs", json::array()},
-                              {"top_logprobs", json::array()},
-                              {"text_offset", json::array()}};
-    }
-  }
-}
-
-json ResponseBuilder::ChunkBase() const {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  json j = {{"id", id_},
-            {"object", chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", created_},
-            {"model", model_},
-            {"system_fingerprint", nullptr},
-            {"choices", json::array()}};
-  if (request_.include_usage) j["usage"] = nullptr;
-  return j;
-}
-
-json ResponseBuilder::LogprobsOf(const v1::GenerateResponse& msg, ChoiceState& c) const {
-  auto bytes_of = [this](int32_t id) {
-    absl::StatusOr<std::string> b = tokenizer_.TokenBytes(id);
-    return b.ok() ? *b : std::string();
-  };
-  auto byte_list = [](const std::string& b) {
-    json a = json::array();
-    for (unsigned char ch : b) a.push_back(static_cast<int>(ch));
-    return a;
-  };
-  if (request_.endpoint == Endpoint::kChatCompletions) {
-    json content = json::array();
-    for (const v1::LogprobEntry& e : msg.logprobs()) {
-      json top = json::array();
-      for (const v1::TokenLogprob& t : e.top_logprobs()) {
-        const std::string b = bytes_of(t.token_id());
-        top.push_back({{"token", ValidUtf8(b)}, {"logprob", t.logprob()}, {"bytes", byte_list(b)}});
-      }
-      content.push_back({{"token", ValidUtf8(e.token_bytes())},
-                         {"logprob", e.logprob()},
-                         {"bytes", byte_list(e.token_bytes())},
-                         {"top_logprobs", std::move(top)}});
-    }
-    return json{{"content", std::move(content)}};
-  }
-  json lp = {{"tokens", json::array()},
-             {"token_logprobs", json::array()},
-             {"top_logprobs", json::array()},
-             {"text_offset", json::array()}};
-  for (const v1::LogprobEntry& e : msg.logprobs()) {
-    lp["tokens"].push_back(ValidUtf8(e.token_bytes()));
-    lp["token_logprobs"].push_back(e.logprob());
-    json top = json::object();
-    for (const v1::TokenLogprob& t : e.top_logprobs()) {
-      top[ValidUtf8(bytes_of(t.token_id()))] = t.logprob();
-    }
-    lp["top_logprobs"].push_back(std::move(top));
-    lp["text_offset"].push_back(c.text_offset);
-    c.text_offset += static_cast<int64_t>(e.token_bytes().size());
-  }
-  return lp;
-}
-
-std::vector<json> ResponseBuilder::Add(int prompt, const v1::GenerateResponse& msg) {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  const int index = prompt * request_.n + msg.index();
-  std::vector<json> chunks;
-  if (index < 0 || index >= static_cast<int>(choices_.size())) return chunks;
-  ChoiceState& c = choices_[static_cast<size_t>(index)];
-  if (msg.has_usage()) {
-    prompt_tokens_ += msg.usage().prompt_tokens();
-    completion_tokens_ += msg.usage().completion_tokens();
-    cached_tokens_ += msg.usage().cached_tokens();
-  }
-  json lp = nullptr;
-  if (c.echo_pending) {
-    // The router's first message of an echoing choice is the prompt.
-    c.echo_pending = false;
-    c.text_offset += static_cast<int64_t>(msg.text().size());
-  } else {
-    c.completion_tokens += msg.token_ids_size();
-    if (request_.logprobs && msg.logprobs_size() > 0) {
-      lp = LogprobsOf(msg, c);
-      // A stream sends each piece once and never builds Final(): keeping
-      // the pieces would grow with the output (gigabytes at long contexts).
-      if (!request_.stream) {
-        for (auto& [k, v] : lp.items()) {
-          for (auto& x : v) c.logprobs[k].push_back(x);
-        }
-      }
-    }
-  }
-  if (!request_.stream) c.text += msg.text();
-  const std::string finish = FinishReasonName(msg.finish_reason());
-  if (!finish.empty()) c.finish_reason = finish;
-  if (msg.text().empty() && finish.empty() && lp.is_null()) return chunks;
-
-  json ch = {{"index", index},
-             {"logprobs", std::move(lp)},
-             {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}};
-  if (chat) {
-    ch["delta"] = msg.text().empty() ? json::object() : json{{"content", msg.text()}};
-  } else {
-    ch["text"] = msg.text();
-  }
-  json chunk = ChunkBase();
-  chunk["choices"].push_back(std::move(ch));
-  chunks.push_back(std::move(chunk));
-  return chunks;
-}
-
-std::vector<json> ResponseBuilder::OpeningChunks() const {
-  std::vector<json> out;
-  if (request_.endpoint != Endpoint::kChatCompletions) return out;
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    json chunk = ChunkBase();
-    chunk["choices"].push_back({{"index", i},
-                                {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                {"logprobs", nullptr},
-                                {"finish_reason", nullptr}});
-    out.push_back(std::move(chunk));
-  }
-  return out;
-}
-
-json ResponseBuilder::Usage() const {
-  return {{"prompt_tokens", prompt_tokens_},
-          {"completion_tokens", completion_tokens_},
-          {"total_tokens", prompt_tokens_ + completion_tokens_},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
-}
-
-json ResponseBuilder::UsageChunk() const {
-  json chunk = ChunkBase();
-  chunk["usage"] = Usage();
-  return chunk;
-}
-
-json ResponseBuilder::Final() const {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
-  json choices = json::array();
-  for (size_t i = 0; i < choices_.size(); ++i) {
-    const ChoiceState& c = choices_[i];
-    json ch = {{"index", i},
-               {"logprobs", request_.logprobs ? c.logprobs : json(nullptr)},
-               {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
-    if (chat) {
-      ch["message"] = {{"role", "assistant"}, {"content", c.text}};
-    } else {
-      ch["text"] = c.text;
-    }
-    choices.push_back(std::move(ch));
-  }
-  return {{"id", id_},
-          {"object", chat ? "chat.completion" : "text_completion"},
-          {"created", created_},
-          {"model", model_},
-          {"system_fingerprint", nullptr},
-          {"choices", std::move(choices)},
-          {"usage", Usage()}};
 }
 
 }  // namespace ringlane::router::openai
