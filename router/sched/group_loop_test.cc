@@ -165,7 +165,8 @@ TEST_F(GroupLoopTest, CancellationReleasesTheLane) {
   // Slow rounds: the request is still running when the client goes away.
   fake->set_round_delay(std::chrono::milliseconds(2));
   Start(fake);
-  auto req = Request(Prompt(8, 3), 2000);
+  // 4000 rounds of 2 ms: seconds longer than the test needs.
+  auto req = Request(Prompt(8, 3), 4000);
   ASSERT_TRUE(loop_->Enqueue(req).ok());
   std::vector<v1::GenerateResponse> msgs;
   absl::Status st;
