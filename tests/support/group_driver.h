@@ -43,7 +43,9 @@ struct DriverOutput {
 
 // Runs every lane to max_tokens (stop ids are not honoured: golden outputs
 // run past them). Lane ids start at `first_lane_id`. Errors: the first
-// failed round, or a round the workers rejected.
+// failed round, or a round the workers rejected; with rounds pipelined, a
+// later one may then still be in flight, so the caller reconnects before
+// driving the group again.
 absl::StatusOr<std::vector<DriverOutput>> DriveLanes(router::WorkerGroupClient& group,
                                                      const std::vector<DriverLane>& lanes,
                                                      uint64_t first_lane_id = 1,
