@@ -2,6 +2,7 @@
 // which lanes share its rounds, how its prompt is chunked, or when it arrives.
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -44,24 +45,38 @@ void ExpectSameAsSolo(worker::Backend* backend, std::vector<LaneSpec> lanes) {
   for (const LaneSpec& l : lanes) {
     LaneSpec alone = l;
     alone.arrival_round = 0;
-    alone.prefill_chunks.clear();
-    auto r = testing::RunLanes(backend, {alone}, /*keep_logits=*/true);
+    auto r = testing::RunLanes(backend, {alone}, {.keep_logits = true});
     ASSERT_TRUE(r.ok()) << r.status();
     solo.push_back((*r)[0]);
   }
-  // Together: staggered arrivals and different prefill chunkings, so prefill
-  // chunks share rounds with other lanes' decode steps.
-  const std::vector<std::vector<int>> chunkings = {{}, {1}, {3, 1}, {7}, {2, 5}};
-  for (int variant = 0; variant < 3; ++variant) {
+  // Together: staggered arrivals and the planner's chunking under small
+  // token budgets (a lone prefill gets the budget, one beside decode rows
+  // min_prefill_chunk tokens, less when decode rows fill the budget), with
+  // and without pipelined rounds, so prefill chunks of several sizes share
+  // rounds with other lanes' decode steps.
+  const std::vector<testing::RunOptions> variants = {
+      {.planner = {.round_token_budget = 8, .min_prefill_chunk = 1}, .keep_logits = true},
+      {.planner = {.round_token_budget = 5, .min_prefill_chunk = 3},
+       .pipeline_depth = 2,
+       .keep_logits = true},
+      {.planner = {.round_token_budget = 16, .min_prefill_chunk = 7},
+       .pipeline_depth = 2,
+       .keep_logits = true},
+  };
+  std::set<std::vector<std::vector<int64_t>>> chunkings;
+  for (size_t variant = 0; variant < variants.size(); ++variant) {
     SCOPED_TRACE("variant " + std::to_string(variant));
     for (size_t i = 0; i < lanes.size(); ++i) {
       lanes[i].arrival_round = static_cast<int>((i * (variant + 1) * 3) % 11);
-      lanes[i].prefill_chunks = chunkings[(i + variant) % chunkings.size()];
     }
-    auto together = testing::RunLanes(backend, lanes, /*keep_logits=*/true);
+    auto together = testing::RunLanes(backend, lanes, variants[variant]);
     ASSERT_TRUE(together.ok()) << together.status();
+    int mixed = 0;
+    std::vector<std::vector<int64_t>> chunks;
     for (size_t i = 0; i < lanes.size(); ++i) {
       SCOPED_TRACE("lane " + std::to_string(i));
+      mixed += (*together)[i].mixed_prefill_chunks;
+      chunks.push_back((*together)[i].prefill_chunks);
       ASSERT_EQ((*together)[i].tokens, solo[i].tokens);
       ASSERT_EQ((*together)[i].logits.size(), solo[i].logits.size());
       for (size_t t = 0; t < solo[i].logits.size(); ++t) {
@@ -71,7 +86,10 @@ void ExpectSameAsSolo(worker::Backend* backend, std::vector<LaneSpec> lanes) {
             << "logits differ at generated token " << t;
       }
     }
+    EXPECT_GT(mixed, 0) << "no prefill chunk shared a round with a decode row";
+    chunkings.insert(chunks);
   }
+  EXPECT_EQ(chunkings.size(), variants.size()) << "two variants chunked every prompt alike";
 }
 
 class StoriesInvariance : public ::testing::TestWithParam<worker::DType> {};

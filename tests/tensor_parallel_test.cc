@@ -169,17 +169,22 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
       for (int j = 0; j < 3 + 5 * i; ++j) lanes[i].prompt.push_back((j * 31 + i * 7 + 1) % 512);
       lanes[i].max_new_tokens = 12 + 3 * i;
       lanes[i].arrival_round = (i * 3) % 7;
-      lanes[i].prefill_chunks = {1 + i};
     }
     lanes[2].sampling.temperature = 0.9f;
     lanes[2].sampling.seed = 7;
-    auto together = testing::RunLanes(b->get(), lanes, true);
+    // Every rank plans the same rounds (the planner is deterministic): 4
+    // tokens a round give chunks of 1 to 4 beside the other lanes' decodes.
+    auto together = testing::RunLanes(
+        b->get(), lanes,
+        {.planner = {.round_token_budget = 4, .min_prefill_chunk = 2}, .keep_logits = true});
     if (!together.ok()) return 3;
+    int mixed = 0;
+    for (const testing::LaneResult& r : *together) mixed += r.mixed_prefill_chunks;
+    if (mixed == 0) return 7;
     for (int i = 0; i < 5; ++i) {
       testing::LaneSpec alone = lanes[i];
       alone.arrival_round = 0;
-      alone.prefill_chunks.clear();
-      auto solo = testing::RunLanes(b->get(), {alone}, true);
+      auto solo = testing::RunLanes(b->get(), {alone}, {.keep_logits = true});
       if (!solo.ok()) return 4;
       if ((*solo)[0].tokens != (*together)[i].tokens) return 5;
       if ((*solo)[0].logits != (*together)[i].logits) return 6;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,7 +92,7 @@ std::unique_ptr<router::WorkerGroupClient> Connect(
 
 // The golden cases as lanes; `max_tokens` > 0 stops them early (their
 // output is then a prefix of the golden ids).
-std::vector<DriverLane> GoldenLanes(int stagger, int chunk, int max_tokens = 0) {
+std::vector<DriverLane> GoldenLanes(int stagger, int max_tokens = 0) {
   std::vector<DriverLane> lanes;
   int i = 0;
   for (const Golden& g : Goldens()) {
@@ -100,12 +101,18 @@ std::vector<DriverLane> GoldenLanes(int stagger, int chunk, int max_tokens = 0) 
     l.max_tokens = static_cast<int>(g.ids.size());
     if (max_tokens > 0) l.max_tokens = std::min(l.max_tokens, max_tokens);
     l.sampling = Greedy();
-    l.first_round = stagger * i;
-    l.prefill_chunk = chunk;
+    l.arrival_round = stagger * i;
     lanes.push_back(l);
     ++i;
   }
   return lanes;
+}
+
+// The planner's chunking for `chunk` prompt tokens per round: a lone prompt
+// gets `chunk`-token rounds (the budget), one beside decode rows at most
+// `chunk` tokens, less when decode rows take part of the budget.
+testing::DriveOptions Chunked(int chunk) {
+  return {.planner = {.round_token_budget = chunk, .min_prefill_chunk = chunk}};
 }
 
 // Sampled lanes: temperature, top-p and penalties, each with its own seed.
@@ -122,8 +129,7 @@ std::vector<DriverLane> SampledLanes(int n, int stagger) {
     l.sampling.set_seed(1000 + i);
     l.sampling.set_logprobs(true);
     l.choice_index = i % 2;
-    l.first_round = 3 + stagger * i;
-    l.prefill_chunk = 1 + i % 3;
+    l.arrival_round = 3 + stagger * i;
     lanes.push_back(l);
   }
   return lanes;
@@ -210,27 +216,28 @@ TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
   }
 
-  auto out = DriveLanes(*c, GoldenLanes(/*stagger=*/0, /*chunk=*/0));
+  auto out = DriveLanes(*c, GoldenLanes(/*stagger=*/0));
   ASSERT_TRUE(out.ok()) << out.status();
   for (size_t i = 0; i < Goldens().size(); ++i) EXPECT_EQ((*out)[i].tokens, Goldens()[i].ids);
 }
 
 // Solo runs of each lane against one run of all of them with staggered
-// arrivals and chunked prefills: rounds carry 1 to 8 rows. `golden_tokens`
-// > 0 checks only that many golden ids (TP4 shares two cores four ways).
+// arrivals and chunked prefills (the planner's, under a small token budget):
+// rounds carry 1 to 8 rows. `golden_tokens` > 0 checks only that many
+// golden ids (TP4 shares two cores four ways).
 void ExpectConcurrentEqualsSolo(int world, int golden_tokens, int sampled_lanes) {
   Group g = StartGroup(world, {"--kv_blocks=128"});
   ASSERT_EQ(static_cast<int>(g.ranks.size()), world);
   auto c = Connect(g);
   ASSERT_NE(c, nullptr);
-  std::vector<DriverLane> lanes = GoldenLanes(/*stagger=*/5, /*chunk=*/2, golden_tokens);
+  std::vector<DriverLane> lanes = GoldenLanes(/*stagger=*/5, golden_tokens);
   std::vector<DriverLane> sampled = SampledLanes(sampled_lanes, /*stagger=*/4);
   lanes.insert(lanes.end(), sampled.begin(), sampled.end());
 
   std::vector<testing::DriverOutput> solo;
   uint64_t lane_id = 1;
   for (DriverLane l : lanes) {
-    l.first_round = 0;
+    l.arrival_round = 0;
     auto o = DriveLanes(*c, {l}, lane_id++);
     ASSERT_TRUE(o.ok()) << o.status();
     solo.push_back((*o)[0]);
@@ -240,8 +247,21 @@ void ExpectConcurrentEqualsSolo(int world, int golden_tokens, int sampled_lanes)
     want.resize(lanes[i].max_tokens);
     EXPECT_EQ(solo[i].tokens, want) << "TP" << world << " case " << i;
   }
-  auto together = DriveLanes(*c, lanes, 100);
+  // Decode rows of up to 8 lanes leave 4 down to 2 tokens of this budget to
+  // prefill chunks.
+  auto together =
+      DriveLanes(*c, lanes, 100, {.planner = {.round_token_budget = 12, .min_prefill_chunk = 2}});
   ASSERT_TRUE(together.ok()) << together.status();
+  // The run really mixed prefill chunks (of more than one size) into rounds
+  // with other lanes' decode rows.
+  int mixed = 0;
+  std::set<int64_t> sizes;
+  for (const testing::DriverOutput& o : *together) {
+    mixed += o.mixed_prefill_chunks;
+    sizes.insert(o.prefill_chunks.begin(), o.prefill_chunks.end());
+  }
+  EXPECT_GT(mixed, 0);
+  EXPECT_GT(sizes.size(), 1u);
   for (size_t i = 0; i < lanes.size(); ++i) {
     EXPECT_EQ((*together)[i].tokens, solo[i].tokens) << "TP" << world << " lane " << i;
     EXPECT_EQ((*together)[i].logprobs, solo[i].logprobs) << "TP" << world << " lane " << i;
@@ -338,7 +358,7 @@ TEST(WorkerDaemonTest, BadPlansAreRejectedByEveryRankAndTheStreamGoesOn) {
   // Nothing was written or created: lane 1 continues exactly as golden case
   // 0 does after its first two prompt tokens' logits... simplest check: a
   // fresh golden lane still reproduces the golden ids.
-  auto out = DriveLanes(*c, {GoldenLanes(0, 3)[0]}, 1000);
+  auto out = DriveLanes(*c, {GoldenLanes(0)[0]}, 1000, Chunked(3));
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].tokens, Goldens()[0].ids);
 }
@@ -506,7 +526,7 @@ TEST(WorkerDaemonTest, APeerThatNeverArrivesIsReportedAndTheGroupFormsWhenItCome
   g.ranks.push_back(std::move(*r1));
   auto c = Connect(g);
   ASSERT_NE(c, nullptr);
-  auto out = DriveLanes(*c, {GoldenLanes(0, 0)[1]});
+  auto out = DriveLanes(*c, {GoldenLanes(0)[1]});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].tokens, Goldens()[1].ids);
 }
@@ -577,7 +597,7 @@ TEST(WorkerDaemonTest, AKilledRankFailsTheRoundAndTheGroupReformsWhenItReturns) 
   EXPECT_EQ(c2->info().group_epoch(), 2);
   EXPECT_TRUE(
       g.ranks[0]->WaitForStderr("KV contents of earlier epochs are gone", std::chrono::seconds(5)));
-  auto out = DriveLanes(*c2, {GoldenLanes(0, 0)[0]});
+  auto out = DriveLanes(*c2, {GoldenLanes(0)[0]});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].tokens, Goldens()[0].ids);
 }
@@ -599,7 +619,7 @@ TEST(WorkerDaemonTest, SigtermDrainsAndExitsZero) {
   ASSERT_EQ(g.ranks.size(), 1u);
   auto c = Connect(g);
   ASSERT_NE(c, nullptr);
-  auto out = DriveLanes(*c, {GoldenLanes(0, 0)[2]});
+  auto out = DriveLanes(*c, {GoldenLanes(0)[2]});
   ASSERT_TRUE(out.ok());
   g.ranks[0]->Signal(SIGTERM);
   std::optional<int> code = g.ranks[0]->Wait(std::chrono::seconds(10));
@@ -623,7 +643,7 @@ TEST(WorkerDaemonTest, MetricsCountRoundsAndTokens) {
   ASSERT_EQ(g.ranks.size(), 2u);
   auto c = Connect(g);
   ASSERT_NE(c, nullptr);
-  auto out = DriveLanes(*c, {GoldenLanes(0, 0)[3]});
+  auto out = DriveLanes(*c, {GoldenLanes(0)[3]});
   ASSERT_TRUE(out.ok());
   // Rank 0 ran 200 rounds (1 prefill + 199 decode) plus the release.
   const std::string m = HttpGet(g.ranks[0]->address("metrics"), "/metrics");

@@ -4,16 +4,12 @@
 // preemption, release, prefix hits, and verify rows whose drafts are partly
 // rejected.
 //
-// The fake group is a model of what the workers keep: a KV pool whose slots
-// hold a hash of the whole prefix written there, and per lane the positions
-// it has written and its last sampled token. Its "model" samples from that
-// hash, so a lane that reads a wrong block, a stale slot or a position never
-// written produces different tokens, and every case compares each choice's
-// tokens with a solo run of the same model. The sample also depends on the
-// sum of the output tokens the lane's worker state knows (as penalties do),
-// so a lane re-admitted after a preemption diverges unless its first row
-// carries the choice's earlier output. After every round the ledger's view
-// (positions, block counts) must equal the fake workers'.
+// The fake group (fake_worker_group.h) models what the workers keep, so a
+// lane that reads a wrong block, a stale slot or a position never written,
+// or that is re-admitted without its earlier output, produces different
+// tokens; every case compares each choice's tokens with a solo run of the
+// same model. After every round the ledger's view (positions, block counts)
+// must equal the fake workers'.
 #include "router/sched/planner.h"
 
 #include <algorithm>
@@ -30,201 +26,15 @@
 #include "router/client/round_builder.h"
 #include "router/client/worker_group.h"
 #include "router/sched/applier.h"
+#include "router/sched/fake_worker_group.h"
 
 namespace ringlane::router {
 namespace {
 
 namespace v1 = ringlane::v1;
 
-constexpr int32_t kVocab = 64;
-
-uint64_t Mix(uint64_t h, int32_t token) {
-  uint64_t x = h ^ (static_cast<uint64_t>(token) + 1) * 0x9E3779B97F4A7C15ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x;
-}
-
-// The token the model samples after a prefix whose hash is `h`, for a lane
-// whose earlier output tokens sum to `output_sum`.
-int32_t NextToken(uint64_t h, int64_t output_sum) {
-  return 3 + static_cast<int32_t>(Mix(h, static_cast<int32_t>(output_sum)) % (kVocab - 3));
-}
-
-// What a solo run of the model generates after `prompt`.
-std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
-  uint64_t h = 0;
-  for (int32_t t : prompt) h = Mix(h, t);
-  std::vector<int32_t> out;
-  int64_t sum = 0;
-  for (int i = 0; i < max_tokens; ++i) {
-    out.push_back(NextToken(h, sum));
-    sum += out.back();
-    h = Mix(h, out.back());
-  }
-  return out;
-}
-
-// The workers of one group, in one object: checks every row against what it
-// holds and answers in plan order.
-class FakeGroup final : public WorkerGroup {
- public:
-  FakeGroup(int num_blocks, int block_size) : block_size_(block_size), pool_(num_blocks) {
-    for (auto& b : pool_) b.assign(block_size, std::nullopt);
-    info_.set_kv_pool_blocks(num_blocks);
-    info_.set_block_size_tokens(block_size);
-  }
-
-  const v1::WorkerInfo& info() const override { return info_; }
-  absl::Status Send(const v1::RoundPlan& plan) override {
-    results_.push_back(Run(plan));
-    return absl::OkStatus();
-  }
-  absl::StatusOr<v1::RoundResult> Receive() override {
-    if (results_.empty()) return absl::FailedPreconditionError("nothing sent");
-    v1::RoundResult r = std::move(results_.front());
-    results_.pop_front();
-    return r;
-  }
-  absl::Status Check(std::chrono::milliseconds) override { return absl::OkStatus(); }
-  absl::Status Close() override { return absl::OkStatus(); }
-
-  // Positions whose KV lane `id` has written or inherited; -1 if unknown.
-  int64_t positions(LaneId id) const {
-    auto it = lanes_.find(id);
-    return it == lanes_.end() ? -1 : it->second.valid;
-  }
-  const std::vector<std::string>& errors() const { return errors_; }
-  int64_t drafts_seen() const { return drafts_seen_; }
-  int64_t drafts_accepted() const { return drafts_accepted_; }
-
- private:
-  struct LaneState {
-    int64_t valid = 0;
-    std::optional<int32_t> last;
-    std::vector<int32_t> blocks;  // the table of its last row
-    int64_t output_sum = 0;       // the sampler state: earlier output plus samples
-  };
-
-  // Another live lane whose written positions include slot `slot` of
-  // `block`: a write there would change what that lane reads.
-  std::optional<LaneId> Reader(LaneId writer, int32_t block, int64_t slot) const {
-    for (const auto& [id, l] : lanes_) {
-      if (id == writer) continue;
-      for (size_t i = 0; i < l.blocks.size(); ++i) {
-        if (l.blocks[i] == block && static_cast<int64_t>(i) * block_size_ + slot < l.valid) {
-          return id;
-        }
-      }
-    }
-    return std::nullopt;
-  }
-
-  std::optional<uint64_t>& Slot(const v1::LaneStep& row, int64_t p) {
-    return pool_[row.block_ids(static_cast<int>(p / block_size_))][p % block_size_];
-  }
-
-  v1::RoundResult Run(const v1::RoundPlan& plan) {
-    v1::RoundResult result;
-    result.set_round_id(plan.round_id());
-    auto fail = [&](const std::string& why) {
-      errors_.push_back(absl::StrCat("round ", plan.round_id(), ": ", why));
-    };
-    for (const v1::LaneStep& row : plan.rows()) {
-      const int64_t n = RowTokens(row);
-      auto it = lanes_.find(row.lane_id());
-      if (it == lanes_.end()) {
-        if (n == 0) continue;  // a release of a lane that never ran here
-        if (!row.has_sampling()) fail(absl::StrCat("lane ", row.lane_id(), " without params"));
-        it = lanes_.emplace(row.lane_id(), LaneState{.valid = row.start_position()}).first;
-        for (int32_t t : row.earlier_output_token_ids()) it->second.output_sum += t;
-      }
-      LaneState& lane = it->second;
-      if (n > 0) {
-        if (row.start_position() != lane.valid) {
-          fail(absl::StrCat("lane ", row.lane_id(), " starts at ", row.start_position(),
-                            " where its KV ends at ", lane.valid));
-        }
-        if (row.block_ids_size() * int64_t{block_size_} < row.start_position() + n) {
-          fail(absl::StrCat("lane ", row.lane_id(), ": blocks do not cover the row"));
-          continue;
-        }
-        // The prefix hash read back from the slot before the row: a slot
-        // never written (or a wrong block) shows up as a missing value.
-        uint64_t h = 0;
-        if (row.start_position() > 0) {
-          std::optional<uint64_t> prev = Slot(row, row.start_position() - 1);
-          if (!prev) {
-            fail(absl::StrCat("lane ", row.lane_id(), " reads an empty slot"));
-            continue;
-          }
-          h = *prev;
-        }
-        std::vector<int32_t> inputs;
-        if (row.use_last_sampled()) {
-          if (!lane.last) fail(absl::StrCat("lane ", row.lane_id(), " has no last token"));
-          inputs.push_back(lane.last.value_or(0));
-        }
-        inputs.insert(inputs.end(), row.token_ids().begin(), row.token_ids().end());
-        std::vector<uint64_t> hashes;
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          h = Mix(h, inputs[i]);
-          const int64_t p = row.start_position() + static_cast<int64_t>(i);
-          if (auto r = Reader(row.lane_id(), row.block_ids(static_cast<int>(p / block_size_)),
-                              p % block_size_)) {
-            fail(absl::StrCat("lane ", row.lane_id(), " writes position ", p, " into a block lane ",
-                              *r, " reads"));
-          }
-          Slot(row, p) = h;
-          hashes.push_back(h);
-        }
-        lane.valid = row.start_position() + n;
-        lane.blocks.assign(row.block_ids().begin(), row.block_ids().end());
-        v1::LaneOutput out;
-        out.set_lane_id(row.lane_id());
-        if (row.verify_offsets_size() > 0) {
-          int accepted = 0;
-          for (int o = 0; o < row.verify_offsets_size(); ++o) {
-            const int32_t t = NextToken(hashes[o], lane.output_sum);
-            out.add_tokens()->set_token_id(t);
-            lane.last = t;
-            lane.output_sum += t;
-            if (o + 1 < static_cast<int>(inputs.size()) && inputs[o + 1] == t) {
-              ++accepted;
-              continue;
-            }
-            break;
-          }
-          out.set_accepted_draft_count(accepted);
-          drafts_seen_ += row.token_ids_size();
-          drafts_accepted_ += accepted;
-          // Positions past the last accepted draft hold garbage: the next
-          // row of the lane starts right after the accepted ones.
-          lane.valid = row.start_position() + 1 + accepted;
-          *result.add_outputs() = out;
-        } else if (row.sample_last()) {
-          const int32_t t = NextToken(hashes.back(), lane.output_sum);
-          out.add_tokens()->set_token_id(t);
-          lane.last = t;
-          lane.output_sum += t;
-          *result.add_outputs() = out;
-        }
-      }
-      if (row.release_lane()) lanes_.erase(row.lane_id());
-    }
-    return result;
-  }
-
-  const int block_size_;
-  v1::WorkerInfo info_;
-  std::vector<std::vector<std::optional<uint64_t>>> pool_;
-  std::map<LaneId, LaneState> lanes_;
-  std::deque<v1::RoundResult> results_;
-  std::vector<std::string> errors_;
-  int64_t drafts_seen_ = 0;
-  int64_t drafts_accepted_ = 0;
-};
+constexpr int32_t kVocab = kFakeVocab;
+using FakeGroup = FakeWorkerGroup;
 
 // Proposes the model's own continuation but gets every `wrong_every`-th
 // draft wrong, so that verify rows accept some drafts and reject the rest.
@@ -236,16 +46,16 @@ class ScriptedDrafter final : public Drafter {
     int64_t sum = 0;
     const int64_t prompt = static_cast<int64_t>(lane.req->p.prompt.size());
     for (int64_t p = 0; p <= lane.fed && p < static_cast<int64_t>(lane.seq.size()); ++p) {
-      h = Mix(h, lane.seq[p]);
+      h = FakeMix(h, lane.seq[p]);
       if (p >= prompt) sum += lane.seq[p];
     }
     std::vector<int32_t> drafts;
     for (int i = 0; i < max_drafts; ++i) {
-      int32_t t = NextToken(h, sum);
+      int32_t t = FakeNextToken(h, sum);
       if (++count_ % wrong_every_ == 0) t = t == 3 ? 4 : 3;
       drafts.push_back(t);
       sum += t;
-      h = Mix(h, t);
+      h = FakeMix(h, t);
     }
     return drafts;
   }
@@ -521,7 +331,7 @@ TEST_P(PlannerTableTest, EveryChoiceEqualsItsSoloRunAndTheLedgerMatchesTheWorker
   ASSERT_EQ(plain.tokens.size(), c.requests.size());
   for (size_t i = 0; i < c.requests.size(); ++i) {
     std::vector<int32_t> want =
-        Reference(PromptOf(c.requests[i], static_cast<int>(i)), c.requests[i].max_tokens);
+        FakeReference(PromptOf(c.requests[i], static_cast<int>(i)), c.requests[i].max_tokens);
     if (c.requests[i].stop_token >= 0) {
       auto it = std::find(want.begin(), want.end(), c.requests[i].stop_token);
       if (it != want.end()) want.erase(it + 1, want.end());

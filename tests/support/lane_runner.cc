@@ -1,119 +1,153 @@
 #include "tests/support/lane_runner.h"
 
 #include <algorithm>
+#include <chrono>
+#include <deque>
 #include <fstream>
+#include <map>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "ringlane/v1/worker.pb.h"
+#include "router/client/round_builder.h"
+#include "router/client/worker_group.h"
+#include "tests/support/planned_rounds.h"
+#include "tests/support/recording_backend.h"
+#include "worker/server/round_executor.h"
 
 namespace ringlane::testing {
 
-BlockAllocator::BlockAllocator(int num_blocks) {
-  for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
-}
-
-bool BlockAllocator::Reserve(std::vector<int32_t>* blocks, int64_t positions, int block_size) {
-  while (static_cast<int64_t>(blocks->size()) * block_size < positions) {
-    if (free_.empty()) return false;
-    blocks->push_back(free_.back());
-    free_.pop_back();
-  }
-  return true;
-}
-
-void BlockAllocator::Release(std::vector<int32_t>* blocks) {
-  for (int32_t b : *blocks) free_.push_back(b);
-  blocks->clear();
-  std::sort(free_.begin(), free_.end(), std::greater<int32_t>());
-}
-
 namespace {
 
-struct LaneState {
-  const LaneSpec* spec;
-  std::vector<int32_t> context;  // prompt + generated
-  int64_t done = 0;              // positions already in the KV cache
-  int chunk_index = 0;
-  std::vector<int32_t> blocks;
-  worker::Sampler sampler;
-  LaneResult result;
-  bool finished = false;
-  LaneState(const LaneSpec* s) : spec(s), context(s->prompt), sampler(s->sampling, 0) {}
+namespace v1 = ringlane::v1;
+
+v1::SamplingParams ToProto(const worker::SamplingParams& s) {
+  v1::SamplingParams p;
+  p.set_temperature(s.temperature);
+  p.set_top_k(s.top_k);
+  p.set_top_p(s.top_p);
+  p.set_min_p(s.min_p);
+  p.set_presence_penalty(s.presence_penalty);
+  p.set_frequency_penalty(s.frequency_penalty);
+  p.set_seed(s.seed);
+  if (s.top_logprobs >= 0) p.set_logprobs(true);
+  if (s.top_logprobs > 0) p.set_top_logprobs(s.top_logprobs);
+  return p;
+}
+
+// One rank in-process as a worker group: each plan runs at once through a
+// RoundExecutor on the backend. With logits kept, each sampling row's
+// logits are taken from the recorded Step, whose sequences are the plan's
+// rows that feed tokens, in row order (round_executor.cc).
+class InProcessGroup final : public router::WorkerGroup {
+ public:
+  InProcessGroup(worker::Backend* backend, bool keep_logits)
+      : recorder_(backend), executor_(&recorder_, /*rank=*/0), keep_logits_(keep_logits) {
+    info_.set_model_id("in-process");
+    info_.set_kv_pool_blocks(backend->kv_pool().num_blocks);
+    info_.set_block_size_tokens(backend->kv_pool().block_size);
+    info_.set_tp_world_size(1);
+  }
+
+  const v1::WorkerInfo& info() const override { return info_; }
+  absl::Status Send(const v1::RoundPlan& plan) override {
+    const int64_t steps = recorder_.steps();
+    absl::StatusOr<v1::RoundResult> r = executor_.Run(plan);
+    if (!r.ok()) return r.status();
+    if (keep_logits_ && r->error().code() == 0 && recorder_.steps() > steps) Record(plan);
+    results_.push_back(std::move(*r));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::RoundResult> Receive() override {
+    if (results_.empty()) return absl::FailedPreconditionError("no round in flight");
+    v1::RoundResult r = std::move(results_.front());
+    results_.pop_front();
+    return r;
+  }
+  absl::Status Check(std::chrono::milliseconds) override { return absl::OkStatus(); }
+  absl::Status Close() override { return absl::OkStatus(); }
+
+  // The logits behind the `k`-th token that lane `lane` sampled in round
+  // `round_id`; null when none were recorded.
+  const float* Logits(uint64_t round_id, uint64_t lane, int k) const {
+    auto it = logits_.find({round_id, lane});
+    if (it == logits_.end()) return nullptr;
+    const size_t at = static_cast<size_t>(k) * vocab_;
+    return at + vocab_ <= it->second.size() ? it->second.data() + at : nullptr;
+  }
+  int vocab() const { return vocab_; }
+
+ private:
+  void Record(const v1::RoundPlan& plan) {
+    const worker::RoundOutput& out = recorder_.last_output();
+    vocab_ = out.vocab;
+    size_t seq = 0;
+    for (const v1::LaneStep& row : plan.rows()) {
+      if (router::RowTokens(row) == 0) continue;
+      if (seq >= out.logits.size()) break;
+      if (row.sample_last() || row.verify_offsets_size() > 0) {
+        logits_[{plan.round_id(), row.lane_id()}] = out.logits[seq];
+      }
+      ++seq;
+    }
+  }
+
+  RecordingBackend recorder_;
+  worker::RoundExecutor executor_;
+  const bool keep_logits_;
+  v1::WorkerInfo info_;
+  std::deque<v1::RoundResult> results_;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<float>> logits_;
+  int vocab_ = 0;
 };
 
 }  // namespace
 
 absl::StatusOr<std::vector<LaneResult>> RunLanes(worker::Backend* backend,
                                                  const std::vector<LaneSpec>& lanes,
-                                                 bool keep_logits) {
-  const int bs = backend->kv_pool().block_size;
-  BlockAllocator alloc(backend->kv_pool().num_blocks);
-  std::vector<LaneState> st;
-  st.reserve(lanes.size());
-  for (const LaneSpec& l : lanes) st.emplace_back(&l);
-  for (int round = 0;; ++round) {
-    worker::RoundInput in;
-    std::vector<int> who;
-    bool pending = false;
-    for (size_t i = 0; i < st.size(); ++i) {
-      LaneState& s = st[i];
-      if (s.finished) continue;
-      pending = true;
-      if (s.spec->arrival_round > round) continue;
-      const int64_t prompt_left = static_cast<int64_t>(s.spec->prompt.size()) - s.done;
-      int64_t n = 1;
-      if (prompt_left > 0) {
-        n = prompt_left;
-        if (!s.spec->prefill_chunks.empty()) {
-          n = std::min<int64_t>(
-              n, s.spec->prefill_chunks[s.chunk_index++ % s.spec->prefill_chunks.size()]);
-        }
+                                                 const RunOptions& options) {
+  std::vector<PlannedLane> planned;
+  for (const LaneSpec& l : lanes) {
+    planned.push_back({.prompt = l.prompt,
+                       .max_tokens = l.max_new_tokens,
+                       .sampling = ToProto(l.sampling),
+                       .arrival_round = l.arrival_round,
+                       .stop_token = l.stop_token});
+  }
+  InProcessGroup group(backend, options.keep_logits);
+  absl::StatusOr<std::vector<PlannedLaneOutput>> out = RunPlannedRounds(
+      group, planned, {.planner = options.planner, .pipeline_depth = options.pipeline_depth});
+  if (!out.ok()) return out.status();
+  std::vector<LaneResult> results(lanes.size());
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    PlannedLaneOutput& o = (*out)[i];
+    LaneResult& r = results[i];
+    r.tokens = std::move(o.tokens);
+    r.prefill_chunks = std::move(o.prefill_chunks);
+    r.mixed_prefill_chunks = o.mixed_prefill_chunks;
+    if (!options.keep_logits) continue;
+    std::map<std::pair<uint64_t, uint64_t>, int> seen;
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      const std::pair<uint64_t, uint64_t> key{o.token_round_ids[t], o.token_lane_ids[t]};
+      const float* lg = group.Logits(key.first, key.second, seen[key]++);
+      if (lg == nullptr) {
+        return absl::InternalError(absl::StrCat("no logits recorded for lane ", i, " token ", t));
       }
-      worker::SeqStep step;
-      step.start_position = s.done;
-      step.tokens.assign(s.context.begin() + s.done, s.context.begin() + s.done + n);
-      if (!alloc.Reserve(&s.blocks, s.done + n, bs)) {
-        return absl::ResourceExhaustedError("test KV pool too small");
-      }
-      step.block_ids = s.blocks;
-      // Logits only once the whole prompt is in.
-      if (s.done + n >= static_cast<int64_t>(s.spec->prompt.size())) {
-        step.logit_offsets.push_back(static_cast<int32_t>(n - 1));
-      }
-      in.seqs.push_back(std::move(step));
-      who.push_back(static_cast<int>(i));
-    }
-    if (!pending) break;
-    if (in.seqs.empty()) continue;
-    auto out = backend->Step(in);
-    if (!out.ok()) return out.status();
-    for (size_t j = 0; j < who.size(); ++j) {
-      LaneState& s = st[who[j]];
-      s.done += static_cast<int64_t>(in.seqs[j].tokens.size());
-      if (in.seqs[j].logit_offsets.empty()) continue;
-      const std::vector<float>& lg = out->logits[j];
-      worker::SampleResult r = s.sampler.Sample(lg, s.done);
-      s.sampler.Observe(r.token);
-      s.context.push_back(r.token);
-      s.result.tokens.push_back(r.token);
-      if (keep_logits) s.result.logits.push_back(lg);
-      if (static_cast<int>(s.result.tokens.size()) >= s.spec->max_new_tokens ||
-          r.token == s.spec->stop_token) {
-        s.finished = true;
-        alloc.Release(&s.blocks);
-      }
+      r.logits.emplace_back(lg, lg + group.vocab());
     }
   }
-  std::vector<LaneResult> results;
-  for (LaneState& s : st) results.push_back(std::move(s.result));
   return results;
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
     worker::Backend* backend, const std::vector<int32_t>& tokens, int chunk) {
   const int bs = backend->kv_pool().block_size;
-  BlockAllocator alloc(backend->kv_pool().num_blocks);
+  // One sequence alone in the pool: its blocks are simply 0, 1, 2, ...
+  if (static_cast<int64_t>(tokens.size()) > int64_t{backend->kv_pool().num_blocks} * bs) {
+    return absl::ResourceExhaustedError("pool too small");
+  }
   std::vector<int32_t> blocks;
   std::vector<std::vector<float>> rows;
   for (size_t at = 0; at < tokens.size(); at += chunk) {
@@ -122,7 +156,9 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
     worker::SeqStep step;
     step.start_position = static_cast<int64_t>(at);
     step.tokens.assign(tokens.begin() + at, tokens.begin() + at + n);
-    if (!alloc.Reserve(&blocks, at + n, bs)) return absl::ResourceExhaustedError("pool too small");
+    while (static_cast<int64_t>(blocks.size()) * bs < static_cast<int64_t>(at + n)) {
+      blocks.push_back(static_cast<int32_t>(blocks.size()));
+    }
     step.block_ids = blocks;
     for (size_t i = 0; i < n; ++i) step.logit_offsets.push_back(static_cast<int32_t>(i));
     in.seqs.push_back(step);

@@ -1,6 +1,8 @@
-// Test drivers for the engine: a small KV block allocator (in production the
-// router owns the ledger) and a scheduler that runs several lanes through
-// shared rounds, with chosen prefill chunkings and arrival rounds.
+// Test drivers for the engine: RunLanes runs lanes through shared rounds of
+// one in-process backend the way the router would (its planner, ledger and
+// applier, tests/support/planned_rounds.h, over worker::RoundExecutor), with
+// arrival rounds and chunk sizes chosen through the planner's options; and
+// helpers to load the bundled and synthetic models.
 #ifndef RINGLANE_TESTS_SUPPORT_LANE_RUNNER_H_
 #define RINGLANE_TESTS_SUPPORT_LANE_RUNNER_H_
 
@@ -9,32 +11,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "router/sched/planner.h"
 #include "worker/backend/backend.h"
 #include "worker/model/synthetic.h"
 #include "worker/sampler.h"
 
 namespace ringlane::testing {
 
-// Hands out KV block ids from a fixed pool, lowest free id first.
-class BlockAllocator {
- public:
-  explicit BlockAllocator(int num_blocks);
-  // Grows `blocks` so it covers `positions` tokens; false when the pool is empty.
-  bool Reserve(std::vector<int32_t>* blocks, int64_t positions, int block_size);
-  void Release(std::vector<int32_t>* blocks);
-  int free_blocks() const { return static_cast<int>(free_.size()); }
-
- private:
-  std::vector<int32_t> free_;  // sorted descending, so back() is the lowest id
-};
-
 struct LaneSpec {
   std::vector<int32_t> prompt;
   int max_new_tokens = 16;
-  // The round in which the lane joins (0 = the first round).
+  // The round in which the lane joins the waiting queue (0 = the first).
   int arrival_round = 0;
-  // Prefill chunk sizes, cycled; empty = the whole prompt in one round.
-  std::vector<int> prefill_chunks;
   worker::SamplingParams sampling;  // default: greedy
   // Stop when this token is sampled (it is kept as the last output); -1 = never.
   int32_t stop_token = -1;
@@ -43,13 +31,29 @@ struct LaneSpec {
 struct LaneResult {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;  // per generated token, if kept
+  // The sizes of the prefill rows that fed the prompt, and how many of them
+  // shared a round with another lane's decode row (what a test of chunking
+  // and mixed rounds checks it really got).
+  std::vector<int64_t> prefill_chunks;
+  int mixed_prefill_chunks = 0;
 };
 
-// Runs all lanes to completion through shared rounds on `backend`, which must
-// have a KV pool large enough for all of them at once.
+struct RunOptions {
+  // Chunk sizes and admission: see planned_rounds.h. The defaults prefill a
+  // lone prompt of up to 512 tokens in one round.
+  router::PlannerOptions planner;
+  // Rounds planned ahead of the oldest result (the router's pipelining).
+  int pipeline_depth = 1;
+  // Keep the logits behind every generated token.
+  bool keep_logits = false;
+};
+
+// Runs all lanes to completion through shared rounds on `backend`. A pool
+// too small for all lanes at once preempts, as the router does; one too
+// small for a single lane fails it.
 absl::StatusOr<std::vector<LaneResult>> RunLanes(worker::Backend* backend,
                                                  const std::vector<LaneSpec>& lanes,
-                                                 bool keep_logits = false);
+                                                 const RunOptions& options = {});
 
 // Teacher-forced: feeds `tokens` one round per chunk of `chunk` tokens and
 // returns the logits after every position (rows of vocab floats).
