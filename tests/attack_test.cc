@@ -2,7 +2,6 @@
 // class of issue 13, each asserting what the client gets, that the router
 // still serves, and that its resident memory grew less than a stated bound.
 // The table printed at the end (stderr) is what the closing note quotes.
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,42 +16,34 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/http_client.h"
-#include "tests/support/daemon.h"
-#include "tests/support/lane_runner.h"
+#include "tests/support/cluster.h"
+#include "tests/support/http_probe.h"
 
 namespace ringlane {
 namespace {
 
 using nlohmann::json;
-using services::HttpClient;
 using services::HttpRequestSpec;
 using services::HttpResponse;
-using testing::Daemon;
+using testing::Cluster;
 using ::testing::HasSubstr;
-using testing::SourcePath;
+using testing::Post;
+using testing::RssMiB;
+using testing::StatusLine;
 
 constexpr char kModel[] = "stories260K";
-
-// Resident memory of a process in MiB (VmRSS).
-double RssMiB(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return -1;
-}
 
 struct Row {
   std::string attack;
   std::string got;
   double rss_before = 0;
   double rss_after = 0;
+  int fds_before = 0;  // the router's open file descriptors
+  int fds_after = 0;
 };
 std::vector<Row>& Table() {
   static auto* rows = new std::vector<Row>;
@@ -63,49 +53,38 @@ std::vector<Row>& Table() {
 class AttackTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto w = Daemon::Start(RINGLANE_WORKER_BIN,
-                           {"--model=" + SourcePath("deploy/models/stories260K/stories260K.bin"),
-                            "--threads=1", "--listen=127.0.0.1:0"});
-    ASSERT_TRUE(w.ok()) << w.status();
-    worker_ = w->release();
-    auto r = Daemon::Start(RINGLANE_ROUTER_BIN,
-                           {"--workers=" + worker_->address(),
-                            "--tokenizer=" + SourcePath("deploy/models/stories260K/tok512.bin"),
-                            "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
-                            "--http_first_byte_timeout_ms=1500", "--max_concurrent_per_key=64"},
-                           {"router", "http"});
-    ASSERT_TRUE(r.ok()) << r.status();
-    router_ = r->release();
-    const std::string http = router_->address("http");
+    cluster_ = testing::StartCluster({.router_flags = {"--http_first_byte_timeout_ms=1500",
+                                                       "--max_concurrent_per_key=64"},
+                                      .ready = testing::ClusterOptions::Ready::kHttp})
+                   .release();
+    ASSERT_NE(cluster_, nullptr);
+    router_ = cluster_->router.get();
+    const std::string& http = cluster_->http();
     port_ = std::stoi(http.substr(http.rfind(':') + 1));
-    for (int i = 0; i < 600; ++i) {
-      auto c = HttpClient::Connect("127.0.0.1", port_, absl::Seconds(5));
-      if (c.ok()) {
-        auto resp = (*c)->Send({.target = "/ready"}, absl::Seconds(5));
-        if (resp.ok() && resp->status == 200) return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    FAIL() << "never ready: " << router_->Stderr();
   }
   static void TearDownTestSuite() {
-    std::fprintf(stderr, "\n%-58s | %-34s | RSS MiB before -> after\n", "attack", "client got");
+    std::fprintf(stderr, "\n%-58s | %-34s | RSS MiB before -> after | fds\n", "attack",
+                 "client got");
     for (const Row& r : Table()) {
-      std::fprintf(stderr, "%-58s | %-34s | %.1f -> %.1f (%+.1f)\n", r.attack.c_str(),
-                   r.got.c_str(), r.rss_before, r.rss_after, r.rss_after - r.rss_before);
+      std::fprintf(stderr, "%-58s | %-34s | %.1f -> %.1f (%+.1f) | %d -> %d\n", r.attack.c_str(),
+                   r.got.c_str(), r.rss_before, r.rss_after, r.rss_after - r.rss_before,
+                   r.fds_before, r.fds_after);
     }
-    delete router_;
-    delete worker_;
+    delete cluster_;
+    cluster_ = nullptr;
+    router_ = nullptr;
   }
   void SetUp() override {
     ASSERT_NE(router_, nullptr);
     rss_before_ = RssMiB(router_->pid());
+    fds_before_ = testing::OpenFds(router_->pid());
   }
   // Records the row; asserts the router grew less than `bound_mib` and still
   // answers a real completion.
   void Finish(const std::string& attack, const std::string& got, double bound_mib) {
     const double after = RssMiB(router_->pid());
-    Table().push_back({attack, got, rss_before_, after});
+    Table().push_back(
+        {attack, got, rss_before_, after, fds_before_, testing::OpenFds(router_->pid())});
     EXPECT_LT(after - rss_before_, bound_mib) << attack;
     auto c = Client();
     ASSERT_NE(c, nullptr);
@@ -114,69 +93,22 @@ class AttackTest : public ::testing::Test {
     EXPECT_EQ(r.status, 200) << attack << ": the router no longer serves: " << r.body;
   }
 
-  static std::unique_ptr<HttpClient> Client() {
-    auto c = HttpClient::Connect("127.0.0.1", port_, absl::Seconds(5));
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-  static HttpResponse Post(HttpClient& c, const std::string& path, const std::string& body,
-                           std::vector<std::pair<std::string, std::string>> headers = {}) {
-    HttpRequestSpec spec;
-    spec.method = "POST";
-    spec.target = path;
-    spec.body = body;
-    spec.headers = std::move(headers);
-    auto r = c.Send(spec, absl::Seconds(120));
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() ? *r : HttpResponse{};
-  }
-  static int ConnectRaw() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
+  static std::unique_ptr<services::HttpClient> Client() { return cluster_->Client(); }
+  static int ConnectRaw() { return testing::ConnectLoopback(port_); }
   // Sends `bytes` (as much as the server takes), returns what it answers
   // until it closes or 10 s pass.
   static std::string Exchange(const std::string& bytes) {
-    const int fd = ConnectRaw();
-    EXPECT_GE(fd, 0);
-    if (fd < 0) return "";
-    std::string_view left = bytes;
-    while (!left.empty()) {
-      const ssize_t n = ::send(fd, left.data(), left.size(), MSG_NOSIGNAL);
-      if (n <= 0) break;
-      left.remove_prefix(static_cast<size_t>(n));
-    }
-    std::string text;
-    char buf[4096];
-    for (;;) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 10000) <= 0) break;
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      text.append(buf, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return text;
-  }
-  static std::string StatusLine(const std::string& response) {
-    return response.substr(0, response.find('\r'));
+    return testing::RawExchange(port_, bytes);
   }
 
-  static Daemon* worker_;
-  static Daemon* router_;
+  static Cluster* cluster_;
+  static testing::Daemon* router_;
   static int port_;
   double rss_before_ = 0;
+  int fds_before_ = 0;
 };
-Daemon* AttackTest::worker_ = nullptr;
-Daemon* AttackTest::router_ = nullptr;
+Cluster* AttackTest::cluster_ = nullptr;
+testing::Daemon* AttackTest::router_ = nullptr;
 int AttackTest::port_ = 0;
 
 TEST_F(AttackTest, DeeplyNestedJsonIs400NotAStackOverflow) {

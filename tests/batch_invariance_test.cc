@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "router/tokenizer/llama2c_tokenizer.h"
 #include "tests/support/lane_runner.h"
+#include "tests/support/synthetic_shapes.h"
 #include "worker/backend/backend.h"
 #include "worker/model/model.h"
 #include "worker/model/synthetic.h"
@@ -115,17 +116,9 @@ INSTANTIATE_TEST_SUITE_P(KvDtypes, StoriesInvariance,
 // exercise the kernels' tails (K not a multiple of 8) and the panel path
 // (prompts longer than the in-register row limit), with an FP8 KV cache.
 TEST(SyntheticFp8Invariance, ConcurrentEqualsSolo) {
-  worker::SyntheticModelOptions o;
-  o.out_dir = ::testing::TempDir() + "/rl_invariance_fp8";
-  o.hidden = 256;
-  o.intermediate = 300;
-  o.layers = 2;
-  o.heads = 8;
-  o.kv_heads = 2;
-  o.vocab = 384;
+  worker::SyntheticModelOptions o = testing::Fp8GqaModel(
+      ::testing::TempDir() + "/rl_invariance_fp8", /*intermediate=*/300, /*vocab=*/384, /*seed=*/5);
   o.max_position = 512;
-  o.dtype = worker::DType::kFP8E4M3;
-  o.seed = 5;
   auto backend = testing::MakeSyntheticBackend(o, {128, 16, worker::DType::kFP8E4M3});
   ASSERT_TRUE(backend.ok()) << backend.status();
   std::vector<std::vector<int32_t>> prompts;

@@ -17,28 +17,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/http_client.h"
-#include "tests/support/daemon.h"
+#include "tests/support/cluster.h"
+#include "tests/support/http_probe.h"
 #include "tests/support/lane_runner.h"
 
 namespace ringlane {
 namespace {
 
 using nlohmann::json;
-using services::HttpClient;
-using services::HttpRequestSpec;
-using services::HttpResponse;
 using testing::Daemon;
+using testing::GetOnce;
 using ::testing::HasSubstr;
-using testing::SourcePath;
+using testing::Metric;
+using testing::WorkerGroup;
 using Clock = std::chrono::steady_clock;
 
-std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
-std::string Tok() { return SourcePath("deploy/models/stories260K/tok512.bin"); }
 constexpr char kModel[] = "stories260K";
 
 // Short, so that the tests take seconds: the router's round deadline, and
@@ -55,136 +52,38 @@ double MsBetween(Clock::time_point from, Clock::time_point to) {
 }
 double MsSince(Clock::time_point t) { return MsBetween(t, Clock::now()); }
 
-// The value of a metric, summed over its label sets that contain `labels`.
-double Metric(const std::string& text, const std::string& name, const std::string& labels = "") {
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const std::string l(line);
-    if (l.rfind(name, 0) != 0) continue;
-    const char next = l.size() > name.size() ? l[name.size()] : '\0';
-    if (next != '{' && next != ' ') continue;
-    if (!labels.empty() && l.find(labels) == std::string::npos) continue;
-    sum += std::stod(l.substr(l.rfind(' ') + 1));
-  }
-  return sum;
+// A JSON body to `path` on a connection of its own.
+absl::StatusOr<services::HttpResponse> Post(const std::string& address, const std::string& path,
+                                            const json& body) {
+  return testing::PostOnce(address, path, body.dump());
 }
 
-std::pair<std::string, int> HostPort(const std::string& a) {
-  const size_t colon = a.rfind(':');
-  return {a.substr(0, colon), std::stoi(a.substr(colon + 1))};
+// One tensor-parallel group of two ranks with metrics, named `name`; a rank
+// can be stopped, killed and started again on its address.
+WorkerGroup Group(const std::string& name) {
+  return WorkerGroup(2,
+                     {"--group=" + name, "--metrics_port=0",
+                      absl::StrCat("--collective_timeout_ms=", kCollectiveTimeoutMs)},
+                     {"worker", "metrics"});
 }
 
-std::unique_ptr<HttpClient> Connect(const std::string& address) {
-  auto [host, port] = HostPort(address);
-  auto c = HttpClient::Connect(host, port, absl::Seconds(5));
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? std::move(*c) : nullptr;
-}
-
-absl::StatusOr<HttpResponse> Get(const std::string& address, const std::string& path,
-                                 absl::Duration timeout = absl::Seconds(10)) {
-  auto c = Connect(address);
-  if (!c) return absl::UnavailableError("no connection");
-  return c->Send({.target = path}, timeout);
-}
-
-absl::StatusOr<HttpResponse> Post(const std::string& address, const std::string& path,
-                                  const json& body, absl::Duration timeout = absl::Seconds(60)) {
-  auto c = Connect(address);
-  if (!c) return absl::UnavailableError("no connection");
-  HttpRequestSpec spec;
-  spec.method = "POST";
-  spec.target = path;
-  spec.body = body.dump();
-  return c->Send(spec, timeout);
-}
-
-// One tensor-parallel group of two ranks; a rank can be stopped, killed and
-// started again on its address.
-class Group {
- public:
-  explicit Group(std::string name) : name_(std::move(name)) {}
-
-  bool Start() {
-    for (int r = 0; r < 2; ++r) {
-      if (!StartRank(r, "127.0.0.1:0")) return false;
-      addresses_.push_back(ranks_[r]->address());
-    }
-    return true;
-  }
-  // Starts rank r again where it listened before (the other rank finds the
-  // rendezvous, and the router the rank, at the same address).
-  bool Restart(int r) {
-    ranks_[r].reset();
-    return StartRank(r, addresses_[r]);
-  }
-  Daemon& rank(int r) { return *ranks_[r]; }
-  std::string Workers() const { return absl::StrJoin(addresses_, ","); }
-  // The sum of a metric over the ranks.
-  double RankMetric(const std::string& name) {
-    double sum = 0;
-    for (auto& d : ranks_) {
-      auto r = Get(d->address("metrics"), "/metrics");
-      EXPECT_TRUE(r.ok()) << r.status();
-      if (r.ok()) sum += Metric(r->body, name);
-    }
-    return sum;
-  }
-
- private:
-  bool StartRank(int r, const std::string& listen) {
-    std::vector<std::string> a = {
-        "--model=" + Model(),       "--threads=1",
-        absl::StrCat("--rank=", r), "--world_size=2",
-        "--group=" + name_,         "--listen=" + listen,
-        "--metrics_port=0",         absl::StrCat("--collective_timeout_ms=", kCollectiveTimeoutMs)};
-    if (r > 0) a.push_back("--rendezvous=" + addresses_[0]);
-    auto d = Daemon::Start(RINGLANE_WORKER_BIN, a, {"worker", "metrics"});
-    EXPECT_TRUE(d.ok()) << d.status();
-    if (!d.ok()) return false;
-    if (static_cast<int>(ranks_.size()) <= r) ranks_.resize(r + 1);
-    ranks_[r] = std::move(*d);
-    return true;
-  }
-
-  const std::string name_;
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<Daemon>> ranks_;
-};
-
-std::unique_ptr<Daemon> StartRouter(const std::vector<Group*>& groups) {
+std::unique_ptr<Daemon> StartRouter(const std::vector<WorkerGroup*>& groups) {
   std::vector<std::string> workers;
-  for (Group* g : groups) workers.push_back(g->Workers());
-  auto r = Daemon::Start(
-      RINGLANE_ROUTER_BIN,
-      {"--workers=" + absl::StrJoin(workers, ";"), "--tokenizer=" + Tok(), "--listen=127.0.0.1:0",
-       "--http_listen=127.0.0.1:0", "--connect_timeout_ms=300",
-       absl::StrCat("--round_deadline_ms=", kRoundDeadlineMs)},
-      {"router", "http"});
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? std::move(*r) : nullptr;
+  for (WorkerGroup* g : groups) workers.push_back(g->Workers());
+  return testing::StartRouter(
+      absl::StrJoin(workers, ";"),
+      {"--connect_timeout_ms=300", absl::StrCat("--round_deadline_ms=", kRoundDeadlineMs)});
 }
 
 // Polls /ready until it answers `status`; false after `timeout`.
 bool WaitReady(const std::string& http, int status, std::chrono::milliseconds timeout) {
-  const auto start = Clock::now();
-  while (Clock::now() - start < timeout) {
-    auto r = Get(http, "/ready", absl::Seconds(2));
-    if (r.ok() && r->status == status) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  return false;
+  return testing::WaitForHttpStatus(http, "/ready", status, timeout);
 }
 
 // Every golden case through the gateway, and that they all match.
 void ExpectGolden(const std::string& http) {
   for (const testing::GoldenCase& g : testing::GoldenCases()) {
-    json body = {{"model", kModel},
-                 {"prompt", g.prompt_text},
-                 {"max_tokens", g.ids.size()},
-                 {"temperature", 0},
-                 {"echo", true}};
+    const json body = testing::GoldenEchoBody(g);
     auto r = Post(http, "/v1/completions", body);
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_EQ(r->status, 200) << r->body;
@@ -213,43 +112,24 @@ json LongStreamBody(const std::string& prompt, int max_tokens) {
 StreamOut Stream(const std::string& http, const json& body,
                  const std::function<void()>& on_first = nullptr, bool may_break = false) {
   StreamOut s;
-  auto c = Connect(http);
+  auto c = testing::Connect(http);
   if (!c) return s;
-  services::SseParser sse;
-  HttpRequestSpec spec;
-  spec.method = "POST";
-  spec.target = "/v1/completions";
-  spec.body = body.dump();
-  bool first = true;
-  auto r = c->Stream(
-      spec,
-      [&](std::string_view data) {
-        if (first) {
-          first = false;
-          s.first = Clock::now();
-          if (on_first) on_first();
-        }
-        sse.Feed(data, [&](std::string_view ev) {
-          if (ev == "[DONE]") {
-            s.done = true;
-            return;
-          }
-          json j = json::parse(ev, nullptr, false);
-          if (j.is_discarded()) return;
-          if (j.contains("error")) {
-            s.error = j["error"].value("message", std::string("?"));
-          } else if (j.contains("choices") && !j["choices"].empty()) {
-            s.text += j["choices"][0].value("text", std::string());
-          }
-        });
-        return true;
-      },
-      absl::Seconds(60));
-  s.end = Clock::now();
+  testing::SseStream sse =
+      testing::PostSse(*c, "/v1/completions", body.dump(), on_first, absl::Seconds(60));
   if (!may_break) {
-    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(sse.transport.ok()) << sse.transport;
   }
-  if (r.ok()) s.status = r->status;
+  s.status = sse.status;
+  s.done = sse.done;
+  s.first = sse.first;
+  s.end = sse.end;
+  for (const json& j : sse.events) {
+    if (j.contains("error")) {
+      s.error = j["error"].value("message", std::string("?"));
+    } else if (j.contains("choices") && !j["choices"].empty()) {
+      s.text += j["choices"][0].value("text", std::string());
+    }
+  }
   return s;
 }
 
@@ -282,7 +162,7 @@ class RankFaultTest : public ::testing::TestWithParam<Case> {};
 // restart of the rank on its address) the group serves golden output.
 TEST_P(RankFaultTest, LanesFailWithinTheDeadlineAndTheGroupServesAgain) {
   const Case c = GetParam();
-  Group g("faulty");
+  WorkerGroup g = Group("faulty");
   ASSERT_TRUE(g.Start());
   auto router = StartRouter({&g});
   ASSERT_NE(router, nullptr);
@@ -350,8 +230,8 @@ INSTANTIATE_TEST_SUITE_P(Faults, RankFaultTest,
 // no KV block is held: the router's ledger says none is in use, and the
 // workers hold no lane that could name one.
 TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
-  Group g0("g0");
-  Group g1("g1");
+  WorkerGroup g0 = Group("g0");
+  WorkerGroup g1 = Group("g1");
   ASSERT_TRUE(g0.Start());
   ASSERT_TRUE(g1.Start());
   auto router = StartRouter({&g0, &g1});
@@ -360,7 +240,7 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
   ASSERT_TRUE(WaitReady(http, 200, std::chrono::seconds(60))) << router->Stderr();
   // Both groups, not just one, before the load starts.
   for (int i = 0; i < 600; ++i) {
-    auto m = Get(http, "/metrics");
+    auto m = GetOnce(http, "/metrics");
     if (m.ok() && Metric(m->body, "ringlane_group_ready") == 2) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -419,7 +299,7 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
     }
     bool both = false;
     for (int i = 0; i < 1200 && !both; ++i) {
-      auto m = Get(http, "/metrics");
+      auto m = GetOnce(http, "/metrics");
       both = m.ok() && Metric(m->body, "ringlane_group_ready") == 2;
       if (!both) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -429,7 +309,7 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
 
   // The ledger against the workers: nothing in use on the router's side, no
   // lane (and so no block table) on any rank, and the same pool size.
-  auto m = Get(http, "/metrics");
+  auto m = GetOnce(http, "/metrics");
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(Metric(m->body, "ringlane_kv_blocks_used"), 0) << m->body;
   EXPECT_EQ(Metric(m->body, "ringlane_lanes_running"), 0);
@@ -437,7 +317,7 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
   // The last stream's release row may still be on its way when its client
   // has the final token: the workers must come to 0 lanes, not be there at
   // once.
-  for (Group* g : {&g0, &g1}) {
+  for (WorkerGroup* g : {&g0, &g1}) {
     double lanes = -1;
     for (int i = 0; i < 100 && lanes != 0; ++i) {
       lanes = g->RankMetric("ringlane_worker_lanes");
@@ -454,7 +334,7 @@ TEST(ChaosTest, AFaultyGroupFailsOnlyItsOwnLanesAndLeaksNoBlocks) {
 // The router killed mid-stream and started again over the same workers: the
 // workers let go of the dead router's streams and the new one serves.
 TEST(RouterRestartTest, ANewRouterServesTheWorkersOfAKilledOne) {
-  Group g("kept");
+  WorkerGroup g = Group("kept");
   ASSERT_TRUE(g.Start());
   auto router = StartRouter({&g});
   ASSERT_NE(router, nullptr);
@@ -490,10 +370,10 @@ TEST(RouterRestartTest, ANewRouterServesTheWorkersOfAKilledOne) {
 
 TEST(RoundDeadlineFlagTest, OutOfRangeValuesExitWithUsage) {
   for (const char* v : {"0", "-5", "99", "3600001", "x"}) {
-    testing::RunResult r =
-        testing::RunToExit(RINGLANE_ROUTER_BIN,
-                           {"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--listen=127.0.0.1:0",
-                            "--http_listen=off", absl::StrCat("--round_deadline_ms=", v)});
+    testing::RunResult r = testing::RunToExit(
+        testing::kRouterBin,
+        {"--workers=127.0.0.1:1", "--tokenizer=" + testing::StoriesTokenizer(),
+         "--listen=127.0.0.1:0", "--http_listen=off", absl::StrCat("--round_deadline_ms=", v)});
     EXPECT_EQ(r.code, v == std::string("x") ? 1 : 2) << v << ": " << r.err;
     EXPECT_THAT(r.err, HasSubstr("round_deadline_ms")) << v;
   }

@@ -1,14 +1,10 @@
 // The router end to end: a real ringlane-router in front of real worker
 // daemons, driven through the public gRPC Generate API the way a client
-// would. Token ids are compared exactly (DESIGN.md, invariant 1).
+// would. Token ids are compared exactly (DESIGN.md, invariant 1). Scheduling
+// under pressure, worker faults and flags: router_daemon_test.cc.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,131 +15,35 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "router/tokenizer/tokenizer.h"
-#include "services/flags_util.h"
-#include "services/http_client.h"
-#include "tests/support/daemon.h"
+#include "tests/support/cluster.h"
+#include "tests/support/http_probe.h"
 #include "tests/support/lane_runner.h"
 
 namespace ringlane {
 namespace {
 
 namespace v1 = ringlane::v1;
-using testing::Daemon;
+using testing::Call;
+using testing::CallOut;
+using testing::Cluster;
 using ::testing::HasSubstr;
-using testing::SourcePath;
-
-const char* kWorker = RINGLANE_WORKER_BIN;
-const char* kRouter = RINGLANE_ROUTER_BIN;
 constexpr int kBlock = 16;
-
-std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
-std::string Tok() { return SourcePath("deploy/models/stories260K/tok512.bin"); }
 
 using Golden = testing::GoldenCase;
 const std::vector<Golden>& Goldens() { return testing::GoldenCases(); }
+v1::GenerateRequest Ids(const std::vector<int32_t>& prompt, int max_tokens) {
+  return testing::GreedyRequest(prompt, max_tokens);
+}
 
 const router::Tokenizer& Tokenizer() {
   static const auto* t = [] {
-    auto r = router::LoadTokenizer(Tok());
+    auto r = router::LoadTokenizer(testing::StoriesTokenizer());
     EXPECT_TRUE(r.ok()) << r.status();
     return r->release();
   }();
   return *t;
-}
-
-// Worker ranks of one group plus a router in front of them.
-struct Cluster {
-  std::vector<std::unique_ptr<Daemon>> workers;
-  std::unique_ptr<Daemon> router;
-  std::unique_ptr<v1::Generate::Stub> stub;
-};
-
-std::unique_ptr<Cluster> StartCluster(int world, std::vector<std::string> worker_extra,
-                                      std::vector<std::string> router_extra) {
-  auto c = std::make_unique<Cluster>();
-  std::string addrs;
-  for (int r = 0; r < world; ++r) {
-    // Port 0: a cluster from `make serve` may hold the default ports.
-    std::vector<std::string> a = {"--model=" + Model(), "--threads=1", absl::StrCat("--rank=", r),
-                                  absl::StrCat("--world_size=", world), "--listen=127.0.0.1:0"};
-    a.insert(a.end(), worker_extra.begin(), worker_extra.end());
-    if (r > 0) a.push_back("--rendezvous=" + c->workers[0]->address());
-    auto d = Daemon::Start(kWorker, a);
-    EXPECT_TRUE(d.ok()) << d.status();
-    if (!d.ok()) return nullptr;
-    addrs += (r ? "," : "") + (*d)->address();
-    c->workers.push_back(std::move(*d));
-  }
-  std::vector<std::string> a = {"--workers=" + addrs, "--tokenizer=" + Tok(),
-                                "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0"};
-  a.insert(a.end(), router_extra.begin(), router_extra.end());
-  auto r = Daemon::Start(kRouter, a, {"router"});
-  EXPECT_TRUE(r.ok()) << r.status();
-  if (!r.ok()) return nullptr;
-  c->router = std::move(*r);
-  c->stub = v1::Generate::NewStub(
-      grpc::CreateChannel(c->router->address("router"), grpc::InsecureChannelCredentials()));
-  // Ready once ListModels reports a ready group.
-  for (int i = 0; i < 600; ++i) {
-    grpc::ClientContext ctx;
-    v1::ListModelsResponse resp;
-    if (c->stub->ListModels(&ctx, {}, &resp).ok() && resp.models_size() == 1 &&
-        resp.models(0).num_ready_groups() == 1) {
-      return c;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ADD_FAILURE() << "the router never became ready: " << c->router->Stderr();
-  return nullptr;
-}
-
-struct ChoiceOut {
-  std::vector<int32_t> ids;
-  std::string text;
-  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  std::string stop_string;
-  int messages = 0;
-};
-
-struct CallOut {
-  grpc::Status status;
-  std::map<int, ChoiceOut> choices;
-  v1::Usage usage;
-  bool has_usage = false;
-};
-
-CallOut Call(v1::Generate::Stub& stub, const v1::GenerateRequest& req) {
-  CallOut out;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub.Generate(&ctx, req);
-  v1::GenerateResponse m;
-  while (reader->Read(&m)) {
-    ChoiceOut& c = out.choices[m.index()];
-    c.ids.insert(c.ids.end(), m.token_ids().begin(), m.token_ids().end());
-    c.text += m.text();
-    ++c.messages;
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) c.finish = m.finish_reason();
-    if (m.has_stop_string()) c.stop_string = m.stop_string();
-    if (m.has_usage()) {
-      out.usage = m.usage();
-      out.has_usage = true;
-    }
-  }
-  out.status = reader->Finish();
-  return out;
-}
-
-v1::GenerateRequest Ids(const std::vector<int32_t>& prompt, int max_tokens) {
-  v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-  r.set_max_tokens(max_tokens);
-  r.set_ignore_eos(true);
-  r.mutable_sampling()->set_temperature(0);
-  return r;
 }
 
 // Trailing metadata of ListModels: the router's live state.
@@ -151,18 +51,18 @@ std::map<std::string, int64_t> State(v1::Generate::Stub& stub) {
   grpc::ClientContext ctx;
   v1::ListModelsResponse resp;
   EXPECT_TRUE(stub.ListModels(&ctx, {}, &resp).ok());
-  std::map<std::string, int64_t> out;
-  for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
-    out[std::string(k.data(), k.size())] = std::stoll(std::string(v.data(), v.size()));
-  }
-  return out;
+  return testing::TrailingState(ctx);
+}
+
+// A TP2 group (blocks of 16 positions) and a router.
+std::unique_ptr<Cluster> StartTp2(std::vector<std::string> router_flags) {
+  return testing::StartCluster(
+      {.world = 2, .worker_flags = {"--block_size=16"}, .router_flags = std::move(router_flags)});
 }
 
 class RouterE2eTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    cluster_ = StartCluster(2, {"--block_size=16"}, {"--log_level=info"}).release();
-  }
+  static void SetUpTestSuite() { cluster_ = StartTp2({"--log_level=info"}).release(); }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
@@ -261,9 +161,7 @@ TEST_F(RouterE2eTest, FiveConcurrentClientsGetTheirSoloTokens) {
 // default, two rounds in flight).
 class RouterE2eUnpipelinedTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    cluster_ = StartCluster(2, {"--block_size=16"}, {"--pipeline_depth=1"}).release();
-  }
+  static void SetUpTestSuite() { cluster_ = StartTp2({"--pipeline_depth=1"}).release(); }
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
@@ -534,225 +432,10 @@ TEST_F(RouterE2eTest, GrpcCallsAreCountedInTheRouterMetrics) {
   v1::TokenizeResponse resp;
   EXPECT_EQ(stub().Tokenize(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ASSERT_TRUE(Call(stub(), Ids(Goldens()[0].prompt, 3)).status.ok());
-  auto hp = services::ParseHostPort(cluster_->router->address("http"));
-  ASSERT_TRUE(hp.ok());
-  auto http = services::HttpClient::Connect(hp->first, hp->second, absl::Seconds(5));
-  ASSERT_TRUE(http.ok()) << http.status();
-  auto m = (*http)->Send({.target = "/metrics"}, absl::Seconds(10));
+  auto m = testing::GetOnce(cluster_->http(), "/metrics");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_THAT(m->body, HasSubstr("ringlane_grpc_requests_total{code=\"3\",method=\"Tokenize\"}"));
   EXPECT_THAT(m->body, HasSubstr("ringlane_grpc_requests_total{code=\"0\",method=\"Generate\"}"));
-}
-
-// A pool too small for three long lanes at once: the youngest is preempted
-// and recomputed, and every output still equals the golden ids.
-TEST(RouterPreemptionTest, RecomputeKeepsOutputsIdentical) {
-  auto c = StartCluster(1, {"--kv_blocks=30", "--block_size=16"}, {});
-  ASSERT_NE(c, nullptr);
-  std::vector<CallOut> outs(3);
-  std::vector<std::thread> ts;
-  for (int i = 0; i < 3; ++i) {
-    ts.emplace_back([&, i] {
-      outs[i] = Call(*c->stub, Ids(Goldens()[i].prompt, static_cast<int>(Goldens()[i].ids.size())));
-    });
-  }
-  for (auto& t : ts) t.join();
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(outs[i].status.ok()) << outs[i].status.error_message();
-    EXPECT_EQ(outs[i].choices[0].ids, Goldens()[i].ids) << i;
-  }
-  EXPECT_THAT(c->router->Stderr(), HasSubstr("preempting lane"));
-}
-
-// A worker dies mid-generation: its lanes fail with UNAVAILABLE, and once a
-// worker serves at the same address again the router reconnects (new epoch,
-// empty ledger) and serves.
-TEST(RouterFailoverTest, WorkerDeathFailsItsLanesAndTheRouterReconnects) {
-  auto c = StartCluster(1, {"--block_size=16"}, {"--connect_timeout_ms=500"});
-  ASSERT_NE(c, nullptr);
-  const std::string addr = c->workers[0]->address();
-  {
-    grpc::ClientContext ctx;
-    auto reader = c->stub->Generate(&ctx, Ids(Goldens()[0].prompt, 400));
-    v1::GenerateResponse m;
-    ASSERT_TRUE(reader->Read(&m));
-    c->workers[0]->Signal(SIGKILL);
-    while (reader->Read(&m)) {
-    }
-    grpc::Status st = reader->Finish();
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
-    EXPECT_THAT(st.error_message(), HasSubstr("worker group 0 failed"));
-  }
-  c->workers[0]->Wait(std::chrono::seconds(5));
-  CallOut down = Call(*c->stub, Ids(Goldens()[0].prompt, 4));
-  EXPECT_EQ(down.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  auto w = Daemon::Start(
-      kWorker, {"--model=" + Model(), "--threads=1", "--block_size=16", "--listen=" + addr});
-  ASSERT_TRUE(w.ok()) << w.status();
-  c->workers[0] = std::move(*w);
-  CallOut up;
-  for (int i = 0; i < 100; ++i) {
-    up = Call(*c->stub, Ids(Goldens()[0].prompt, 8));
-    if (up.status.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(up.status.ok()) << up.status.error_message();
-  EXPECT_EQ(up.choices[0].ids,
-            std::vector<int32_t>(Goldens()[0].ids.begin(), Goldens()[0].ids.begin() + 8));
-}
-
-// Chunked prefill inside decode rounds, read back from the round log: three
-// lanes decode while a 400-token prompt arrives with a 64-token round
-// budget, so the prompt needs several chunks. No round may feed more than
-// the budget, every round that carries a chunk of the prompt must also carry
-// a decode row of each decoding lane, and the decoding lanes' tokens must
-// equal their solo tokens.
-class RouterRoundsTest : public ::testing::TestWithParam<int> {};
-
-std::vector<nlohmann::json> ReadRoundLog(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-TEST_P(RouterRoundsTest, ChunkedPrefillInsideDecodeRounds) {
-  const int depth = GetParam();
-  constexpr int kBudget = 64, kDecodeTokens = 160, kLongPrompt = 400;
-  const std::string log =
-      absl::StrCat(::testing::TempDir(), "/router_rounds_", getpid(), "_", depth, ".jsonl");
-  auto c = StartCluster(1, {"--block_size=16"},
-                        {absl::StrCat("--round_token_budget=", kBudget), "--round_log=" + log,
-                         absl::StrCat("--pipeline_depth=", depth)});
-  ASSERT_NE(c, nullptr);
-  auto decode_req = [&](int i, const std::string& id) {
-    v1::GenerateRequest r = Ids(Goldens()[i].prompt, kDecodeTokens);
-    r.set_request_id(id);
-    return r;
-  };
-  std::vector<CallOut> solo;
-  for (int i = 0; i < 3; ++i) {
-    solo.push_back(Call(*c->stub, decode_req(i, absl::StrCat("solo-", i))));
-    ASSERT_TRUE(solo.back().status.ok()) << solo.back().status.error_message();
-  }
-
-  std::vector<CallOut> together(3);
-  std::vector<std::atomic<int>> seen(3);
-  std::vector<std::thread> ts;
-  for (int i = 0; i < 3; ++i) {
-    ts.emplace_back([&, i] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-      auto reader = c->stub->Generate(&ctx, decode_req(i, absl::StrCat("dec-", i)));
-      v1::GenerateResponse m;
-      while (reader->Read(&m)) {
-        together[i].choices[0].ids.insert(together[i].choices[0].ids.end(), m.token_ids().begin(),
-                                          m.token_ids().end());
-        seen[i] += m.token_ids_size();
-      }
-      together[i].status = reader->Finish();
-    });
-  }
-  // The long prompt arrives once all three decode.
-  for (int w = 0; w < 2000; ++w) {
-    if (seen[0] >= 4 && seen[1] >= 4 && seen[2] >= 4) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  std::vector<int32_t> prompt = {1};
-  for (int k = 1; k < kLongPrompt; ++k) prompt.push_back(260 + (k * 13) % 240);
-  v1::GenerateRequest long_req = Ids(prompt, 4);
-  long_req.set_request_id("long");
-  CallOut long_out = Call(*c->stub, long_req);
-  for (auto& t : ts) t.join();
-  ASSERT_TRUE(long_out.status.ok()) << long_out.status.error_message();
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
-    EXPECT_EQ(together[i].choices[0].ids, solo[i].choices[0].ids) << "lane " << i;
-  }
-
-  std::vector<nlohmann::json> rounds = ReadRoundLog(log);
-  ASSERT_FALSE(rounds.empty());
-  int first = -1, last = -1, chunks = 0, fed = 0, ahead = 0;
-  for (size_t k = 0; k < rounds.size(); ++k) {
-    const nlohmann::json& r = rounds[k];
-    EXPECT_EQ(r["budget"].get<int>(), kBudget);
-    EXPECT_LE(r["tokens"].get<int>(), kBudget) << r.dump();
-    if (r["in_flight"].get<int>() > 0) ++ahead;
-    EXPECT_LT(r["in_flight"].get<int>(), depth) << r.dump();
-    for (const auto& row : r["rows"]) {
-      if (row["request"] == "long" && row["kind"] == "prefill") {
-        if (first < 0) first = static_cast<int>(k);
-        last = static_cast<int>(k);
-        ++chunks;
-        fed += row["tokens"].get<int>();
-      }
-    }
-  }
-  ASSERT_GE(first, 0) << "the long prompt was never prefilled";
-  EXPECT_EQ(fed, kLongPrompt);
-  EXPECT_GE(chunks, kLongPrompt / kBudget) << "the prompt was not chunked";
-  for (int k = first; k <= last; ++k) {
-    for (int i = 0; i < 3; ++i) {
-      const std::string id = absl::StrCat("dec-", i);
-      bool decoded = false;
-      for (const auto& row : rounds[k]["rows"]) {
-        decoded |= row["request"] == id && row["kind"] == "decode";
-      }
-      EXPECT_TRUE(decoded) << id << " got no token in round " << rounds[k].dump();
-    }
-  }
-  // Pipelined rounds are sent while the previous one runs; unpipelined never.
-  if (depth == 1) {
-    EXPECT_EQ(ahead, 0);
-  } else {
-    EXPECT_GT(ahead, static_cast<int>(rounds.size()) / 2);
-  }
-  std::remove(log.c_str());
-}
-
-INSTANTIATE_TEST_SUITE_P(PipelineDepth, RouterRoundsTest, ::testing::Values(1, 2),
-                         [](const auto& info) { return absl::StrCat("depth", info.param); });
-
-TEST(RouterDaemonTest, BadFlagsExitNonZero) {
-  struct Case {
-    std::vector<std::string> args;
-    std::string message;
-  } cases[] = {
-      {{"--tokenizer=" + Tok()}, "--workers is required"},
-      {{"--workers=127.0.0.1:1"}, "--tokenizer is required"},
-      {{"--workers=nohost", "--tokenizer=" + Tok()}, "--workers"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=/nonexistent"}, "--tokenizer"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--listen=127.0.0.1:99999"}, "--listen"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--seed_policy=dice"}, "--seed_policy"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--max_lanes=0"}, "--max_lanes"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--log_level=loud"}, "--log_level"},
-      {{"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--pipeline_depth=3"}, "--pipeline_depth"},
-  };
-  for (const Case& c : cases) {
-    testing::RunResult r = testing::RunToExit(kRouter, c.args);
-    EXPECT_NE(r.code, 0) << ::testing::PrintToString(c.args);
-    EXPECT_THAT(r.err, HasSubstr(c.message)) << ::testing::PrintToString(c.args);
-  }
-}
-
-TEST(RouterDaemonTest, WithoutWorkersItServesUnavailable) {
-  auto r = Daemon::Start(kRouter,
-                         {"--workers=127.0.0.1:1", "--tokenizer=" + Tok(), "--listen=127.0.0.1:0",
-                          "--http_listen=127.0.0.1:0", "--connect_timeout_ms=200"},
-                         {"router"});
-  ASSERT_TRUE(r.ok()) << r.status();
-  auto stub = v1::Generate::NewStub(
-      grpc::CreateChannel((*r)->address("router"), grpc::InsecureChannelCredentials()));
-  CallOut o = Call(*stub, Ids(Goldens()[0].prompt, 4));
-  EXPECT_EQ(o.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(o.status.error_message(), HasSubstr("127.0.0.1:1"));
-  auto h = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel((*r)->address("router"), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  grpc::health::v1::HealthCheckResponse resp;
-  ASSERT_TRUE(h->Check(&ctx, {}, &resp).ok());
-  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
 }  // namespace

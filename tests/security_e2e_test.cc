@@ -11,9 +11,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,30 +23,31 @@
 #include "router/client/worker_group.h"
 #include "services/grpc_security.h"
 #include "services/http_client.h"
-#include "tests/support/daemon.h"
-#include "tests/support/group_driver.h"
+#include "tests/support/cluster.h"
+#include "tests/support/http_probe.h"
 #include "tests/support/lane_runner.h"
+#include "tests/support/worker_rpc.h"
 
 namespace ringlane {
 namespace {
 
 namespace v1 = ringlane::v1;
-using services::HttpClient;
 using services::HttpRequestSpec;
 using services::TlsConfig;
 using services::TlsFiles;
 using testing::Daemon;
-using testing::Greedy;
 using ::testing::HasSubstr;
 using testing::RunResult;
 using testing::RunToExit;
 using testing::SourcePath;
+using testing::WorkerGroup;
+using testing::WorkerStub;
 
-const char* kWorker = RINGLANE_WORKER_BIN;
-const char* kRouter = RINGLANE_ROUTER_BIN;
+const char* kWorker = testing::kWorkerBin;
+const char* kRouter = testing::kRouterBin;
 
-std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
-std::string Tok() { return SourcePath("deploy/models/stories260K/tok512.bin"); }
+std::string Model() { return testing::StoriesModel(); }
+std::string Tok() { return testing::StoriesTokenizer(); }
 const std::vector<testing::GoldenCase>& Goldens() { return testing::GoldenCases(); }
 
 // The certificate directory of CA `ca` ("a" or "b"), made once per binary.
@@ -79,11 +78,6 @@ TlsConfig ClientTls(const std::string& leaf_ca, const std::string& trust_ca) {
   return t.ok() && t->has_value() ? **t : TlsConfig();
 }
 
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address,
-                                             std::shared_ptr<grpc::ChannelCredentials> creds) {
-  return v1::Worker::NewStub(grpc::CreateChannel(address, std::move(creds)));
-}
-
 grpc::Status GetInfo(v1::Worker::Stub& stub, v1::WorkerInfo* info = nullptr) {
   v1::WorkerInfo ignored;
   grpc::ClientContext ctx;
@@ -91,33 +85,11 @@ grpc::Status GetInfo(v1::Worker::Stub& stub, v1::WorkerInfo* info = nullptr) {
   return stub.GetInfo(&ctx, {}, info ? info : &ignored);
 }
 
-std::vector<std::unique_ptr<Daemon>> StartWorkers(int world,
-                                                  const std::vector<std::string>& extra) {
-  std::vector<std::unique_ptr<Daemon>> ranks;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> a = {"--model=" + Model(), "--threads=1", absl::StrCat("--rank=", r),
-                                  absl::StrCat("--world_size=", world), "--listen=127.0.0.1:0"};
-    if (r > 0) a.push_back("--rendezvous=" + ranks[0]->address());
-    a.insert(a.end(), extra.begin(), extra.end());
-    auto d = Daemon::Start(kWorker, a);
-    EXPECT_TRUE(d.ok()) << d.status();
-    if (!d.ok()) return {};
-    ranks.push_back(std::move(*d));
-  }
-  return ranks;
-}
-
-std::unique_ptr<Daemon> StartRouter(const std::vector<std::unique_ptr<Daemon>>& workers,
+std::unique_ptr<Daemon> StartRouter(const WorkerGroup& workers,
                                     const std::vector<std::string>& extra) {
-  std::string addrs;
-  for (const auto& w : workers) addrs += (addrs.empty() ? "" : ",") + w->address();
-  std::vector<std::string> a = {"--workers=" + addrs, "--tokenizer=" + Tok(),
-                                "--listen=127.0.0.1:0", "--http_listen=127.0.0.1:0",
-                                "--connect_timeout_ms=500"};
-  a.insert(a.end(), extra.begin(), extra.end());
-  auto r = Daemon::Start(kRouter, a, {"router", "http"});
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? std::move(*r) : nullptr;
+  std::vector<std::string> flags = {"--connect_timeout_ms=500"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return testing::StartRouter(workers.Workers(), flags);
 }
 
 // A Generate-API client that sends `authorization` (none when empty).
@@ -132,11 +104,7 @@ struct ApiClient {
   // Token ids of a greedy generation, and the call's status.
   grpc::Status Generate(const std::vector<int32_t>& prompt, int max_tokens,
                         std::vector<int32_t>* ids = nullptr) const {
-    v1::GenerateRequest r;
-    r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-    r.set_max_tokens(max_tokens);
-    r.set_ignore_eos(true);
-    r.mutable_sampling()->set_temperature(0);
+    const v1::GenerateRequest r = testing::GreedyRequest(prompt, max_tokens);
     grpc::ClientContext ctx;
     Prepare(&ctx);
     auto reader = stub->Generate(&ctx, r);
@@ -152,11 +120,7 @@ struct ApiClient {
     Prepare(&ctx);
     v1::ListModelsResponse ignored;
     grpc::Status st = stub->ListModels(&ctx, {}, resp ? resp : &ignored);
-    if (state) {
-      for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
-        (*state)[std::string(k.data(), k.size())] = std::stoll(std::string(v.data(), v.size()));
-      }
-    }
+    if (state) *state = testing::TrailingState(ctx);
     return st;
   }
   grpc::Status Tokenize(const std::string& text) const {
@@ -176,16 +140,13 @@ ApiClient Api(const Daemon& router, std::string authorization = "") {
 }
 
 bool WaitReady(const ApiClient& api, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < end) {
-    v1::ListModelsResponse resp;
-    if (api.ListModels(nullptr, &resp).ok() && resp.models_size() == 1 &&
-        resp.models(0).num_ready_groups() == 1) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
+  return testing::WaitFor(
+      [&] {
+        v1::ListModelsResponse resp;
+        return api.ListModels(nullptr, &resp).ok() && resp.models_size() == 1 &&
+               resp.models(0).num_ready_groups() == 1;
+      },
+      timeout);
 }
 
 int64_t FileLines(const std::string& path) {
@@ -200,8 +161,8 @@ TEST(GenerateApiKeysTest, UnauthenticatedCallsAreRefusedAndChangeNothing) {
   std::ofstream(keys) << "# test keys\nsecret-1\nsecret-2\n";
   const std::string rounds = absl::StrCat(::testing::TempDir(), "/security_rounds_", getpid());
   std::remove(rounds.c_str());
-  auto workers = StartWorkers(1, {});
-  ASSERT_EQ(workers.size(), 1u);
+  WorkerGroup workers(1);
+  ASSERT_TRUE(workers.Start());
   auto router = StartRouter(workers, {"--api_key_file=" + keys, "--round_log=" + rounds});
   ASSERT_NE(router, nullptr);
   const ApiClient good = Api(*router, "Bearer secret-1");
@@ -241,15 +202,13 @@ TEST(GenerateApiKeysTest, UnauthenticatedCallsAreRefusedAndChangeNothing) {
   EXPECT_GT(FileLines(rounds), rounds_before);
 
   // The HTTP gateway applies the same check.
-  const std::string http = router->address("http");
-  auto client = HttpClient::Connect(http.substr(0, http.rfind(':')),
-                                    std::stoi(http.substr(http.rfind(':') + 1)), absl::Seconds(5));
-  ASSERT_TRUE(client.ok()) << client.status();
+  auto client = testing::Connect(router->address("http"));
+  ASSERT_NE(client, nullptr);
   auto post = [&](const std::string& auth) {
     HttpRequestSpec spec{.method = "POST", .target = "/v1/completions"};
     spec.body = R"({"model":"stories260K","prompt":"Lily","max_tokens":2})";
     if (!auth.empty()) spec.headers.push_back({"Authorization", auth});
-    auto r = (*client)->Send(spec, absl::Seconds(60));
+    auto r = client->Send(spec, absl::Seconds(60));
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->status : 0;
   };
@@ -260,23 +219,18 @@ TEST(GenerateApiKeysTest, UnauthenticatedCallsAreRefusedAndChangeNothing) {
   EXPECT_EQ(post("Bearer secret-2"), 200);
 
   // Operators see the refusals: 7 Generate calls answered UNAUTHENTICATED (16).
-  auto metrics = (*client)->Send({.target = "/metrics"}, absl::Seconds(10));
+  auto metrics = client->Send({.target = "/metrics"}, absl::Seconds(10));
   ASSERT_TRUE(metrics.ok() && metrics->status == 200);
-  double refused = -1;
-  std::istringstream lines(metrics->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("ringlane_grpc_requests_total{", 0) == 0 &&
-        line.find("code=\"16\"") != std::string::npos &&
-        line.find("method=\"Generate\"") != std::string::npos) {
-      refused = std::stod(line.substr(line.rfind(' ') + 1));
-    }
-  }
-  EXPECT_EQ(refused, 7) << metrics->body;
+  // Labels in name order: code, then method.
+  EXPECT_EQ(testing::Metric(metrics->body, "ringlane_grpc_requests_total",
+                            "{code=\"16\",method=\"Generate\"}"),
+            7)
+      << metrics->body;
 }
 
 TEST(GenerateApiKeysTest, WithoutKeysTheApiIsOpenOnLoopbackOnly) {
-  auto workers = StartWorkers(1, {});
-  ASSERT_EQ(workers.size(), 1u);
+  WorkerGroup workers(1);
+  ASSERT_TRUE(workers.Start());
   auto router = StartRouter(workers, {});
   ASSERT_NE(router, nullptr);
   const ApiClient anyone = Api(*router);
@@ -337,14 +291,14 @@ TEST(SecurityFlagsTest, TlsFlagsGoTogetherAndTheirFilesMustBeReadable) {
 // One TLS worker: outsiders are refused at the handshake and its KV pool is
 // what the authorized client left there.
 TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged) {
-  auto ranks = StartWorkers(1, [] {
+  WorkerGroup ranks(1, [] {
     std::vector<std::string> f = TlsFlags("a");
     f.push_back("--kv_blocks=16");
     f.push_back("--block_size=16");
     return f;
   }());
-  ASSERT_EQ(ranks.size(), 1u);
-  const std::string addr = ranks[0]->address();
+  ASSERT_TRUE(ranks.Start());
+  const std::string addr = ranks.rank(0).address();
 
   auto plain = WorkerStub(addr, grpc::InsecureChannelCredentials());
   EXPECT_EQ(GetInfo(*plain).error_code(), grpc::StatusCode::UNAVAILABLE);
@@ -363,34 +317,13 @@ TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged)
   const testing::GoldenCase& gold = Goldens()[3];  // one-token prompt, 200 generated
   std::vector<int32_t> prompt = gold.prompt;
   prompt.insert(prompt.end(), gold.ids.begin(), gold.ids.begin() + 40);
-  auto row = [](uint64_t lane, int64_t start, std::vector<int32_t> toks,
-                std::vector<int32_t> blocks) {
-    v1::RoundPlan p;
-    v1::LaneStep* r = p.add_rows();
-    r->set_lane_id(lane);
-    r->set_start_position(start);
-    r->mutable_token_ids()->Add(toks.begin(), toks.end());
-    r->mutable_block_ids()->Add(blocks.begin(), blocks.end());
-    r->set_sample_last(true);
-    *r->mutable_sampling() = Greedy();
-    return p;
-  };
-  auto first = (*group)->Run(row(1, 0, prompt, {0, 1, 2}));
+  auto first = (*group)->Run(testing::OneRowPlan(1, 0, prompt, {0, 1, 2}));
   ASSERT_TRUE(first.ok() && first->error().code() == 0) << first.status();
   EXPECT_EQ(first->outputs(0).tokens(0).token_id(), gold.ids[40]);
 
-  v1::ExportKvBlocksRequest ereq;
-  ereq.add_block_ids(0);
-  ereq.add_block_ids(1);
-  ereq.add_prefix_hashes(std::string(16, 'a'));
-  ereq.add_prefix_hashes(std::string(16, 'b'));
+  const v1::ExportKvBlocksRequest ereq = testing::ExportRequest({0, 1});
   auto export_blocks = [&](v1::Worker::Stub& stub, std::vector<v1::KvBlockChunk>* out) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    auto rd = stub.ExportKvBlocks(&ctx, ereq);
-    v1::KvBlockChunk ch;
-    while (rd->Read(&ch)) out->push_back(ch);
-    return rd->Finish();
+    return testing::ExportKv(stub, ereq, out, std::chrono::seconds(10));
   };
   auto authorized = WorkerStub(addr, services::PeerChannelCredentials());
   std::vector<v1::KvBlockChunk> kv_before;
@@ -403,23 +336,19 @@ TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged)
     EXPECT_EQ(export_blocks(*stub, &stolen).error_code(), grpc::StatusCode::UNAVAILABLE);
     EXPECT_TRUE(stolen.empty());
     {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      v1::ImportKvBlocksResponse resp;
-      auto w = stub->ImportKvBlocks(&ctx, &resp);
-      for (v1::KvBlockChunk c : kv_before) {
-        std::string& data = *c.mutable_data();
-        for (char& b : data) b = static_cast<char>(~b);
-        w->Write(c);
+      std::vector<v1::KvBlockChunk> flipped = kv_before;
+      for (v1::KvBlockChunk& c : flipped) {
+        for (char& b : *c.mutable_data()) b = static_cast<char>(~b);
       }
-      w->WritesDone();
-      EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+      v1::ImportKvBlocksResponse resp;
+      EXPECT_EQ(testing::ImportKv(*stub, flipped, &resp, std::chrono::seconds(10)).error_code(),
+                grpc::StatusCode::UNAVAILABLE);
     }
     {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
       auto s = stub->Rounds(&ctx);
-      s->Write(row(9, 0, {1, 2, 3}, {0}));
+      s->Write(testing::OneRowPlan(9, 0, {1, 2, 3}, {0}));
       s->WritesDone();
       v1::RoundResult r;
       EXPECT_FALSE(s->Read(&r));
@@ -435,7 +364,7 @@ TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged)
   }
   // A new lane over the first two blocks goes on as if from position 32.
   std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
-  auto second = (*group)->Run(row(2, 32, rest, {0, 1, 3}));
+  auto second = (*group)->Run(testing::OneRowPlan(2, 32, rest, {0, 1, 3}));
   ASSERT_TRUE(second.ok() && second->error().code() == 0) << second.status();
   EXPECT_EQ(second->outputs(0).tokens(0).token_id(), gold.ids[40]);
   EXPECT_EQ(second->outputs(0).tokens(0).logprob(), first->outputs(0).tokens(0).logprob());
@@ -446,8 +375,8 @@ TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged)
 // The whole cluster over mutual TLS: rank 1 joins rank 0's rendezvous, the
 // router drives the group; outsiders can neither join nor drive it.
 TEST(TlsClusterTest, Tp2GroupAndRouterServeGoldenOutputAndOutsidersCannotJoin) {
-  auto ranks = StartWorkers(2, TlsFlags("a"));
-  ASSERT_EQ(ranks.size(), 2u);
+  WorkerGroup ranks(2, TlsFlags("a"));
+  ASSERT_TRUE(ranks.Start());
   auto router = StartRouter(ranks, TlsFlags("a"));
   ASSERT_NE(router, nullptr);
   const ApiClient api = Api(*router);
@@ -455,7 +384,7 @@ TEST(TlsClusterTest, Tp2GroupAndRouterServeGoldenOutputAndOutsidersCannotJoin) {
 
   // Plaintext at the rendezvous: refused before the service sees a request.
   auto rendezvous = v1::Rendezvous::NewStub(
-      grpc::CreateChannel(ranks[0]->address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(ranks.rank(0).address(), grpc::InsecureChannelCredentials()));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -473,7 +402,7 @@ TEST(TlsClusterTest, Tp2GroupAndRouterServeGoldenOutputAndOutsidersCannotJoin) {
                                             "--world_size=2",
                                             "--listen=127.0.0.1:0",
                                             "--join_timeout_ms=1000",
-                                            "--rendezvous=" + ranks[0]->address()};
+                                            "--rendezvous=" + ranks.rank(0).address()};
   for (const std::string& f : TlsFlags("b")) intruder_args.push_back(f);
   auto intruder = Daemon::Start(kWorker, intruder_args);
   ASSERT_TRUE(intruder.ok()) << intruder.status();
@@ -490,7 +419,7 @@ TEST(TlsClusterTest, Tp2GroupAndRouterServeGoldenOutputAndOutsidersCannotJoin) {
   EXPECT_FALSE(WaitReady(Api(*plain_router), std::chrono::seconds(2)));
   // The group is the one that formed first: epoch 1 on both ranks.
   services::SetPeerTls(ClientTls("a", "a"));
-  for (const auto& r : ranks) {
+  for (const auto& r : ranks.ranks()) {
     v1::WorkerInfo info;
     auto stub = WorkerStub(r->address(), services::PeerChannelCredentials());
     ASSERT_TRUE(GetInfo(*stub, &info).ok());
@@ -498,7 +427,7 @@ TEST(TlsClusterTest, Tp2GroupAndRouterServeGoldenOutputAndOutsidersCannotJoin) {
     EXPECT_EQ(info.group_epoch(), 1);
   }
   services::SetPeerTls(std::nullopt);
-  EXPECT_THAT(ranks[0]->Stderr(), HasSubstr("mutual TLS"));
+  EXPECT_THAT(ranks.rank(0).Stderr(), HasSubstr("mutual TLS"));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/lane_runner.h"
 #include "tests/support/processes.h"
+#include "tests/support/synthetic_shapes.h"
 #include "worker/collectives/communicator.h"
 #include "worker/model/shard.h"
 #include "worker/model/synthetic.h"
@@ -197,16 +198,9 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
 // KV-head replication: 8 query heads over 2 KV heads at TP4 (each rank keeps
 // one KV head, shared with another rank), FP8 weights.
 TEST(SyntheticTp4, KvHeadReplicationMatchesTp1) {
-  worker::SyntheticModelOptions o;
-  o.out_dir = ::testing::TempDir() + "/rl_tp_synth_" + std::to_string(getpid());
-  o.hidden = 256;
-  o.intermediate = 512;
-  o.layers = 2;
-  o.heads = 8;
-  o.kv_heads = 2;
-  o.vocab = 512;
-  o.dtype = worker::DType::kFP8E4M3;
-  o.seed = 11;
+  worker::SyntheticModelOptions o =
+      testing::Fp8GqaModel(::testing::TempDir() + "/rl_tp_synth_" + std::to_string(getpid()),
+                           /*intermediate=*/512, /*vocab=*/512, /*seed=*/11);
   ASSERT_TRUE(worker::WriteSyntheticModel(o).ok());
   std::vector<int32_t> seq;
   for (int i = 0; i < 48; ++i) seq.push_back((i * 97 + 5) % 512);

@@ -5,19 +5,13 @@
 // daemons must reproduce the golden greedy ids at TP1, TP2 and TP4 (greedy
 // cannot flip: the smallest top-2 logit gap along the golden sequences, 0.004,
 // is far above the TP rounding error, about 1e-5), and concurrent output must
-// equal solo output bit for bit at a fixed TP degree.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// equal solo output bit for bit at a fixed TP degree. KV moves between
+// workers, group (re)formation and the drain: worker_group_test.cc.
 #include <chrono>
-#include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -26,94 +20,27 @@
 #include "gtest/gtest.h"
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "router/client/worker_group.h"
-#include "services/flags_util.h"
-#include "services/http_client.h"
-#include "tests/support/daemon.h"
+#include "tests/support/cluster.h"
 #include "tests/support/group_driver.h"
+#include "tests/support/http_probe.h"
 #include "tests/support/lane_runner.h"
+#include "tests/support/worker_rpc.h"
 
 namespace ringlane {
 namespace {
 
 namespace v1 = ringlane::v1;
-using testing::Daemon;
+using testing::ConnectGroup;
 using testing::DriveLanes;
 using testing::DriverLane;
+using testing::GoldenLanes;
 using testing::Greedy;
 using ::testing::HasSubstr;
-using testing::SourcePath;
-
-const char* kWorker = RINGLANE_WORKER_BIN;
-
-std::string Model() { return SourcePath("deploy/models/stories260K/stories260K.bin"); }
+using testing::StartGroup;
+using testing::WorkerGroup;
 
 using Golden = testing::GoldenCase;
 const std::vector<Golden>& Goldens() { return testing::GoldenCases(); }
-
-// One group of worker daemons on loopback.
-struct Group {
-  std::vector<std::unique_ptr<Daemon>> ranks;
-  std::vector<std::string> args;  // common flags, for restarts
-  std::vector<std::string> Addresses() const {
-    std::vector<std::string> a;
-    for (const auto& r : ranks) a.push_back(r->address());
-    return a;
-  }
-};
-
-std::vector<std::string> RankArgs(const Group& g, int rank, int world) {
-  std::vector<std::string> a = g.args;
-  a.push_back(absl::StrCat("--rank=", rank));
-  a.push_back(absl::StrCat("--world_size=", world));
-  if (rank > 0) a.push_back("--rendezvous=" + g.ranks[0]->address());
-  return a;
-}
-
-// Starts `world` ranks (rank 0 serves the rendezvous); `extra` goes to all.
-Group StartGroup(int world, std::vector<std::string> extra = {}) {
-  Group g;
-  g.args = {"--model=" + Model(), "--threads=1", "--log_level=info", "--listen=127.0.0.1:0"};
-  g.args.insert(g.args.end(), extra.begin(), extra.end());
-  for (int r = 0; r < world; ++r) {
-    auto d = Daemon::Start(kWorker, RankArgs(g, r, world));
-    EXPECT_TRUE(d.ok()) << d.status();
-    if (!d.ok()) return g;
-    g.ranks.push_back(std::move(*d));
-  }
-  return g;
-}
-
-std::unique_ptr<router::WorkerGroupClient> Connect(
-    const Group& g, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  auto c = router::WorkerGroupClient::Connect(g.Addresses(), timeout);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? std::move(*c) : nullptr;
-}
-
-// The golden cases as lanes; `max_tokens` > 0 stops them early (their
-// output is then a prefix of the golden ids).
-std::vector<DriverLane> GoldenLanes(int stagger, int max_tokens = 0) {
-  std::vector<DriverLane> lanes;
-  int i = 0;
-  for (const Golden& g : Goldens()) {
-    DriverLane l;
-    l.prompt = g.prompt;
-    l.max_tokens = static_cast<int>(g.ids.size());
-    if (max_tokens > 0) l.max_tokens = std::min(l.max_tokens, max_tokens);
-    l.sampling = Greedy();
-    l.arrival_round = stagger * i;
-    lanes.push_back(l);
-    ++i;
-  }
-  return lanes;
-}
-
-// The planner's chunking for `chunk` prompt tokens per round: a lone prompt
-// gets `chunk`-token rounds (the budget), one beside decode rows at most
-// `chunk` tokens, less when decode rows take part of the budget.
-testing::DriveOptions Chunked(int chunk) {
-  return {.planner = {.round_token_budget = chunk, .min_prefill_chunk = chunk}};
-}
 
 // Sampled lanes: temperature, top-p and penalties, each with its own seed.
 std::vector<DriverLane> SampledLanes(int n, int stagger) {
@@ -136,7 +63,7 @@ std::vector<DriverLane> SampledLanes(int n, int stagger) {
 }
 
 TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
-  const std::string m = "--model=" + Model();
+  const std::string m = "--model=" + testing::StoriesModel();
   struct Case {
     std::vector<std::string> args;
     std::string message;
@@ -161,20 +88,20 @@ TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
       {{m, "--transport=carrier-pigeon"}, "--transport must be auto, tcp or ibverbs"},
       {{m, "--tcp_wait=sometimes"}, "--tcp_wait must be blocking, busy_poll or async"},
       // Model problems are found at load time and exit 1.
-      {{"--model=" + SourcePath("deploy/models/stories260K/golden.json")}, "cannot load"},
+      {{"--model=" + testing::SourcePath("deploy/models/stories260K/golden.json")}, "cannot load"},
       {{m, "--world_size=3", "--rendezvous=127.0.0.1:1"}, "cannot shard"},
   };
   for (const Case& c : cases) {
-    testing::RunResult r = testing::RunToExit(kWorker, c.args);
+    testing::RunResult r = testing::RunToExit(testing::kWorkerBin, c.args);
     EXPECT_NE(r.code, 0) << ::testing::PrintToString(c.args);
     EXPECT_THAT(r.err, HasSubstr(c.message)) << ::testing::PrintToString(c.args);
   }
 }
 
 TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
-  Group g = StartGroup(1, {"--kv_blocks=64", "--block_size=16"});
-  ASSERT_EQ(g.ranks.size(), 1u);
-  auto c = Connect(g);
+  WorkerGroup g = StartGroup(1, {"--kv_blocks=64", "--block_size=16"});
+  ASSERT_EQ(g.started(), 1);
+  auto c = ConnectGroup(g);
   ASSERT_NE(c, nullptr);
   const v1::WorkerInfo& info = c->info();
   EXPECT_EQ(info.model_id(), "stories260K");
@@ -194,7 +121,7 @@ TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
   EXPECT_EQ(info.limits().max_top_logprobs(), 20);
   EXPECT_EQ(info.limits().max_abs_penalty(), 2.0f);
 
-  auto ch = grpc::CreateChannel(g.ranks[0]->address(), grpc::InsecureChannelCredentials());
+  auto ch = grpc::CreateChannel(g.rank(0).address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(ch);
   for (const char* svc : {"", "ringlane.v1.Worker"}) {
     grpc::ClientContext ctx;
@@ -226,9 +153,9 @@ TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
 // rounds carry 1 to 8 rows. `golden_tokens` > 0 checks only that many
 // golden ids (TP4 shares two cores four ways).
 void ExpectConcurrentEqualsSolo(int world, int golden_tokens, int sampled_lanes) {
-  Group g = StartGroup(world, {"--kv_blocks=128"});
-  ASSERT_EQ(static_cast<int>(g.ranks.size()), world);
-  auto c = Connect(g);
+  WorkerGroup g = StartGroup(world, {"--kv_blocks=128"});
+  ASSERT_EQ(g.started(), world);
+  auto c = ConnectGroup(g);
   ASSERT_NE(c, nullptr);
   std::vector<DriverLane> lanes = GoldenLanes(/*stagger=*/5, golden_tokens);
   std::vector<DriverLane> sampled = SampledLanes(sampled_lanes, /*stagger=*/4);
@@ -275,8 +202,8 @@ TEST(WorkerDaemonTest, Tp2GoldenAndConcurrentEqualsSolo) { ExpectConcurrentEqual
 TEST(WorkerDaemonTest, Tp4GoldenAndConcurrentEqualsSolo) { ExpectConcurrentEqualsSolo(4, 48, 4); }
 
 TEST(WorkerDaemonTest, BadPlansAreRejectedByEveryRankAndTheStreamGoesOn) {
-  Group g = StartGroup(2, {"--kv_blocks=32", "--block_size=16"});
-  auto c = Connect(g);
+  WorkerGroup g = StartGroup(2, {"--kv_blocks=32", "--block_size=16"});
+  auto c = ConnectGroup(g);
   ASSERT_NE(c, nullptr);
   // A lane that has sampled once, so use_last_sampled is valid for lane 1.
   auto good = [](uint64_t lane) {
@@ -358,14 +285,16 @@ TEST(WorkerDaemonTest, BadPlansAreRejectedByEveryRankAndTheStreamGoesOn) {
   // Nothing was written or created: lane 1 continues exactly as golden case
   // 0 does after its first two prompt tokens' logits... simplest check: a
   // fresh golden lane still reproduces the golden ids.
-  auto out = DriveLanes(*c, {GoldenLanes(0)[0]}, 1000, Chunked(3));
+  // The planner's chunking for 3 prompt tokens per round.
+  auto out = DriveLanes(*c, {GoldenLanes(0)[0]}, 1000,
+                        {.planner = {.round_token_budget = 3, .min_prefill_chunk = 3}});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ((*out)[0].tokens, Goldens()[0].ids);
 }
 
 TEST(WorkerDaemonTest, SpeculativeVerifyEqualsPlainDecode) {
-  Group g = StartGroup(2, {"--kv_blocks=32"});
-  auto c = Connect(g);
+  WorkerGroup g = StartGroup(2, {"--kv_blocks=32"});
+  auto c = ConnectGroup(g);
   ASSERT_NE(c, nullptr);
   const Golden& gold = Goldens()[0];
   const int bs = c->info().block_size_tokens();
@@ -413,240 +342,17 @@ TEST(WorkerDaemonTest, SpeculativeVerifyEqualsPlainDecode) {
   EXPECT_EQ(got, want);
 }
 
-TEST(WorkerDaemonTest, KvBlocksMoveBetweenWorkers) {
-  Group a = StartGroup(1, {"--kv_blocks=16", "--block_size=16"});
-  Group b = StartGroup(1, {"--kv_blocks=16", "--block_size=16"});
-  auto ca = Connect(a);
-  auto cb = Connect(b);
-  ASSERT_TRUE(ca && cb);
-  const Golden& gold = Goldens()[3];  // one-token prompt, 200 generated
-  // On A: the prompt plus the first 40 golden ids, fed as a prompt.
-  std::vector<int32_t> prompt = gold.prompt;
-  prompt.insert(prompt.end(), gold.ids.begin(), gold.ids.begin() + 40);
-  auto row = [](uint64_t lane, int64_t start, std::vector<int32_t> toks,
-                std::vector<int32_t> blocks) {
-    v1::RoundPlan p;
-    v1::LaneStep* r = p.add_rows();
-    r->set_lane_id(lane);
-    r->set_start_position(start);
-    r->mutable_token_ids()->Add(toks.begin(), toks.end());
-    r->mutable_block_ids()->Add(blocks.begin(), blocks.end());
-    r->set_sample_last(true);
-    *r->mutable_sampling() = Greedy();
-    return p;
-  };
-  auto ra = ca->Run(row(1, 0, prompt, {0, 1, 2}));
-  ASSERT_TRUE(ra.ok() && ra->error().code() == 0);
-  EXPECT_EQ(ra->outputs(0).tokens(0).token_id(), gold.ids[40]);
-
-  // Export A's two full blocks (32 positions) in small chunks, import them
-  // on B at other block ids, and let B go on from position 32.
-  v1::ExportKvBlocksRequest ereq;
-  ereq.add_block_ids(0);
-  ereq.add_block_ids(1);
-  ereq.add_prefix_hashes(std::string(16, 'a'));
-  ereq.add_prefix_hashes(std::string(16, 'b'));
-  ereq.set_max_chunk_bytes(4096);
-  auto sa = v1::Worker::NewStub(
-      grpc::CreateChannel(a.ranks[0]->address(), grpc::InsecureChannelCredentials()));
-  auto sb = v1::Worker::NewStub(
-      grpc::CreateChannel(b.ranks[0]->address(), grpc::InsecureChannelCredentials()));
-  std::vector<v1::KvBlockChunk> chunks;
-  {
-    grpc::ClientContext ctx;
-    auto rd = sa->ExportKvBlocks(&ctx, ereq);
-    v1::KvBlockChunk ch;
-    while (rd->Read(&ch)) chunks.push_back(ch);
-    ASSERT_TRUE(rd->Finish().ok());
-  }
-  ASSERT_GT(chunks.size(), 2u);
-  EXPECT_EQ(chunks[0].key().prefix_hash(), std::string(16, 'a'));
-  EXPECT_EQ(chunks[0].total_bytes(), ca->info().kv_block_bytes());
-  auto import = [&](std::vector<v1::KvBlockChunk> cs, v1::ImportKvBlocksResponse* resp) {
-    grpc::ClientContext ctx;
-    auto w = sb->ImportKvBlocks(&ctx, resp);
-    for (auto& c : cs) {
-      c.set_block_id(c.block_id() == 0 ? 9 : 4);
-      w->Write(c);
-    }
-    w->WritesDone();
-    return w->Finish();
-  };
-  {
-    // A block for another rank layout, then a corrupted payload: refused.
-    auto wrong = chunks;
-    wrong[0].mutable_key()->set_tp_world_size(2);
-    v1::ImportKvBlocksResponse resp;
-    EXPECT_EQ(import(wrong, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    auto corrupt = chunks;
-    (*corrupt[1].mutable_data())[7] ^= 1;
-    EXPECT_EQ(import(corrupt, &resp).error_code(), grpc::StatusCode::DATA_LOSS);
-  }
-  v1::ImportKvBlocksResponse resp;
-  grpc::Status st = import(chunks, &resp);
-  ASSERT_TRUE(st.ok()) << st.error_message();
-  EXPECT_EQ(resp.num_blocks(), 2);
-  std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
-  auto rb = cb->Run(row(1, 32, rest, {9, 4, 5}));
-  ASSERT_TRUE(rb.ok() && rb->error().code() == 0) << rb->error().message();
-  EXPECT_EQ(rb->outputs(0).tokens(0).token_id(), gold.ids[40]);
-  EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
-}
-
-TEST(WorkerDaemonTest, APeerThatNeverArrivesIsReportedAndTheGroupFormsWhenItComes) {
-  Group g = StartGroup(1 /* rank 0 only */, {"--join_timeout_ms=500"});
-  // StartGroup(1) started a TP1 worker; start a TP2 rank 0 instead.
-  g.ranks.clear();
-  auto r0 = Daemon::Start(kWorker, RankArgs(g, 0, 2));
-  ASSERT_TRUE(r0.ok()) << r0.status();
-  g.ranks.push_back(std::move(*r0));
-  EXPECT_TRUE(
-      g.ranks[0]->WaitForStderr("rank(s) 1 of 2 never arrived within", std::chrono::seconds(20)))
-      << g.ranks[0]->Stderr();
-  auto none = router::WorkerGroupClient::Connect({g.ranks[0]->address(), "127.0.0.1:1"},
-                                                 std::chrono::milliseconds(500));
-  EXPECT_FALSE(none.ok());
-  auto solo =
-      router::WorkerGroupClient::Connect({g.ranks[0]->address()}, std::chrono::milliseconds(500));
-  EXPECT_FALSE(solo.ok());  // rank 0 of 2 is not a group of 1
-  // Rounds are refused while the group is not formed.
-  {
-    auto stub = v1::Worker::NewStub(
-        grpc::CreateChannel(g.ranks[0]->address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    auto s = stub->Rounds(&ctx);
-    v1::RoundResult r;
-    EXPECT_FALSE(s->Read(&r));
-    grpc::Status st = s->Finish();
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
-    EXPECT_THAT(st.error_message(), HasSubstr("never arrived"));
-  }
-  auto r1 = Daemon::Start(kWorker, RankArgs(g, 1, 2));
-  ASSERT_TRUE(r1.ok()) << r1.status();
-  g.ranks.push_back(std::move(*r1));
-  auto c = Connect(g);
-  ASSERT_NE(c, nullptr);
-  auto out = DriveLanes(*c, {GoldenLanes(0)[1]});
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ((*out)[0].tokens, Goldens()[1].ids);
-}
-
-// Generates one long lane a token per round until `fault` has been applied
-// after `after` rounds; returns how long after the fault the client saw the
-// error, and the error.
-std::pair<std::chrono::milliseconds, absl::Status> RunUntilFault(
-    router::WorkerGroupClient& c, int after, const std::function<void()>& fault) {
-  const Golden& gold = Goldens()[3];
-  const int bs = c.info().block_size_tokens();
-  std::chrono::steady_clock::time_point t_fault;
-  int64_t pos = 0;
-  for (int round = 0; round < 400; ++round) {
-    if (round == after) {
-      fault();
-      t_fault = std::chrono::steady_clock::now();
-    }
-    v1::RoundPlan p;
-    p.set_round_id(round + 1);
-    v1::LaneStep* r = p.add_rows();
-    r->set_lane_id(1);
-    r->set_start_position(pos % 400);
-    if (round == 0 || pos % 400 == 0) {
-      // (Re)start the lane from its prompt when it would run out of context.
-      r->set_start_position(0);
-      r->mutable_token_ids()->Add(gold.prompt.begin(), gold.prompt.end());
-      if (round == 0) *r->mutable_sampling() = Greedy();
-      pos = 0;
-    } else {
-      r->set_use_last_sampled(true);
-    }
-    r->set_sample_last(true);
-    const int64_t end = pos + (r->use_last_sampled() ? 1 : r->token_ids_size());
-    for (int b = 0; b < (end + bs - 1) / bs; ++b) r->add_block_ids(b);
-    pos = end;
-    auto res = c.Run(p);
-    if (!res.ok()) {
-      return {std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - t_fault),
-              res.status()};
-    }
-  }
-  return {std::chrono::milliseconds(0), absl::OkStatus()};
-}
-
-TEST(WorkerDaemonTest, AKilledRankFailsTheRoundAndTheGroupReformsWhenItReturns) {
-  Group g = StartGroup(2, {"--kv_blocks=64", "--collective_timeout_ms=5000"});
-  ASSERT_EQ(g.ranks.size(), 2u);
-  auto c = Connect(g);
-  ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->info().group_epoch(), 1);
-  auto [after, err] = RunUntilFault(*c, 30, [&] { g.ranks[1]->Signal(SIGKILL); });
-  ASSERT_FALSE(err.ok()) << "the group went on without rank 1";
-  EXPECT_LT(after, std::chrono::seconds(10)) << err;
-  EXPECT_TRUE(absl::IsUnavailable(err)) << err;
-  // The survivor is alive and says why the group is down.
-  EXPECT_TRUE(g.ranks[0]->WaitForStderr("broke", std::chrono::seconds(10))) << g.ranks[0]->Stderr();
-  EXPECT_FALSE(g.ranks[0]->Wait(std::chrono::milliseconds(0)).has_value());
-  c.reset();
-
-  // Rank 1 comes back: the whole group forms again, epoch 2, empty KV.
-  auto r1 = Daemon::Start(kWorker, RankArgs(g, 1, 2));
-  ASSERT_TRUE(r1.ok()) << r1.status();
-  g.ranks[1] = std::move(*r1);
-  auto c2 = Connect(g);
-  ASSERT_NE(c2, nullptr);
-  EXPECT_EQ(c2->info().group_epoch(), 2);
-  EXPECT_TRUE(
-      g.ranks[0]->WaitForStderr("KV contents of earlier epochs are gone", std::chrono::seconds(5)));
-  auto out = DriveLanes(*c2, {GoldenLanes(0)[0]});
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ((*out)[0].tokens, Goldens()[0].ids);
-}
-
-TEST(WorkerDaemonTest, AHungRankFailsTheRoundAfterTheCollectiveTimeout) {
-  Group g = StartGroup(2, {"--kv_blocks=64", "--collective_timeout_ms=1500"});
-  ASSERT_EQ(g.ranks.size(), 2u);
-  auto c = Connect(g);
-  ASSERT_NE(c, nullptr);
-  auto [after, err] = RunUntilFault(*c, 20, [&] { g.ranks[1]->Signal(SIGSTOP); });
-  ASSERT_FALSE(err.ok());
-  EXPECT_LT(after, std::chrono::seconds(10)) << err;
-  EXPECT_FALSE(g.ranks[0]->Wait(std::chrono::milliseconds(0)).has_value());
-  g.ranks[1]->Signal(SIGKILL);
-}
-
-TEST(WorkerDaemonTest, SigtermDrainsAndExitsZero) {
-  Group g = StartGroup(1, {"--kv_blocks=16", "--drain_timeout_ms=3000", "--metrics_port=0"});
-  ASSERT_EQ(g.ranks.size(), 1u);
-  auto c = Connect(g);
-  ASSERT_NE(c, nullptr);
-  auto out = DriveLanes(*c, {GoldenLanes(0)[2]});
-  ASSERT_TRUE(out.ok());
-  g.ranks[0]->Signal(SIGTERM);
-  std::optional<int> code = g.ranks[0]->Wait(std::chrono::seconds(10));
-  ASSERT_TRUE(code.has_value()) << "did not exit";
-  EXPECT_EQ(*code, 0) << g.ranks[0]->Stderr();
-  EXPECT_THAT(g.ranks[0]->Stderr(), HasSubstr("draining"));
-}
-
-// GET `path` of a daemon's metrics endpoint; "" when that fails.
-std::string HttpGet(const std::string& host_port, const std::string& path) {
-  auto hp = services::ParseHostPort(host_port);
-  if (!hp.ok()) return "";
-  auto c = services::HttpClient::Connect(hp->first, hp->second, absl::Seconds(5));
-  if (!c.ok()) return "";
-  auto r = (*c)->Send({.target = path}, absl::Seconds(10));
-  return r.ok() ? r->body : "";
-}
-
 TEST(WorkerDaemonTest, MetricsCountRoundsAndTokens) {
-  Group g = StartGroup(2, {"--kv_blocks=32", "--metrics_port=0"});
-  ASSERT_EQ(g.ranks.size(), 2u);
-  auto c = Connect(g);
+  WorkerGroup g = StartGroup(2, {"--kv_blocks=32", "--metrics_port=0"});
+  ASSERT_EQ(g.started(), 2);
+  auto c = ConnectGroup(g);
   ASSERT_NE(c, nullptr);
   auto out = DriveLanes(*c, {GoldenLanes(0)[3]});
   ASSERT_TRUE(out.ok());
   // Rank 0 ran 200 rounds (1 prefill + 199 decode) plus the release.
-  const std::string m = HttpGet(g.ranks[0]->address("metrics"), "/metrics");
+  const std::string m = testing::GetOnce(g.rank(0).address("metrics"), "/metrics")
+                            .value_or(services::HttpResponse{})
+                            .body;
   EXPECT_THAT(m, HasSubstr("ringlane_worker_rounds_total{group=\"default\",model=\"stories260K\","
                            "rank=\"0\",result=\"ok\"} 201"));
   EXPECT_THAT(m, HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",model="
@@ -656,7 +362,9 @@ TEST(WorkerDaemonTest, MetricsCountRoundsAndTokens) {
              "ringlane_worker_group_epoch{group=\"default\",model=\"stories260K\",rank=\"0\"} 1"));
   EXPECT_THAT(m, HasSubstr("ringlane_worker_round_collective_seconds_count"));
   // Rank 1 samples the same tokens (it reports none, but counts them).
-  const std::string m1 = HttpGet(g.ranks[1]->address("metrics"), "/metrics");
+  const std::string m1 = testing::GetOnce(g.rank(1).address("metrics"), "/metrics")
+                             .value_or(services::HttpResponse{})
+                             .body;
   EXPECT_THAT(m1, HasSubstr("ringlane_worker_tokens_sampled_total{group=\"default\",model="
                             "\"stories260K\",rank=\"1\"} 200"));
 }

@@ -18,17 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static ringlane::fuzz::ScratchFile* file = new ringlane::fuzz::ScratchFile("_model.bin");
   const std::string& path =
       file->Write(std::string_view(reinterpret_cast<const char*>(data), size));
-  absl::StatusOr<std::unique_ptr<ringlane::worker::ModelWeights>> w =
-      ringlane::worker::LoadModel(path);
-  if (!w.ok()) {
-    const absl::StatusCode code = w.status().code();
-    FUZZ_CHECK(
-        code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented,
-        "LoadModel failed with %s", w.status().ToString().c_str());
-    return 0;
-  }
-  FUZZ_CHECK(ringlane::worker::ValidateConfig((*w)->config).ok(),
-             "loaded a config that ValidateConfig refuses");
-  ringlane::fuzz::RunOneStep(std::move(*w));
+  ringlane::fuzz::CheckLoaded(
+      ringlane::worker::LoadModel(path),
+      {absl::StatusCode::kInvalidArgument, absl::StatusCode::kUnimplemented});
   return 0;
 }

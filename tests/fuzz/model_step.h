@@ -1,13 +1,18 @@
 // For the model loader targets: runs one real step over weights a loader
 // accepted (a 3-token prompt, greedy, on the CPU backend with a small KV
 // pool), so that "accepted" is checked to mean "runnable": a loader that lets
-// through a shape the forward pass cannot handle is a finding.
+// through a shape the forward pass cannot handle is a finding. CheckLoaded is
+// the whole check of one load's result.
 #ifndef RINGLANE_TESTS_FUZZ_MODEL_STEP_H_
 #define RINGLANE_TESTS_FUZZ_MODEL_STEP_H_
 
+#include <algorithm>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "ringlane/v1/worker.pb.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "worker/backend/factory.h"
@@ -52,6 +57,21 @@ inline void RunOneStep(std::unique_ptr<worker::ModelWeights> weights) {
   FUZZ_CHECK(r->outputs_size() == 1 && r->outputs(0).tokens_size() == 1, "no sampled token");
   const int token = r->outputs(0).tokens(0).token_id();
   FUZZ_CHECK(token >= 0 && token < vocab, "sampled token %d, vocab %d", token, vocab);
+}
+
+// A load either fails with one of `refusals` (anything else, an Internal
+// error say, is a finding) or gives weights whose config ValidateConfig
+// accepts and that run a step.
+inline void CheckLoaded(absl::StatusOr<std::unique_ptr<worker::ModelWeights>> w,
+                        std::initializer_list<absl::StatusCode> refusals) {
+  if (!w.ok()) {
+    FUZZ_CHECK(std::find(refusals.begin(), refusals.end(), w.status().code()) != refusals.end(),
+               "LoadModel failed with %s", w.status().ToString().c_str());
+    return;
+  }
+  FUZZ_CHECK(worker::ValidateConfig((*w)->config).ok(),
+             "loaded a config that ValidateConfig refuses");
+  RunOneStep(std::move(*w));
 }
 
 }  // namespace ringlane::fuzz
