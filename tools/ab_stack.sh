@@ -37,21 +37,9 @@ cat >"$OUT/workload.json" <<'JSON'
 }
 JSON
 
-pids=()
-stop_cluster() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
+# shellcheck source=tools/lib/cluster.sh
+source "$(dirname "$0")/lib/cluster.sh"
 trap stop_cluster EXIT
-wait_listening() {  # stdout file, name
-  for _ in $(seq 1 600); do
-    if grep -q "^LISTENING $2=" "$1" 2>/dev/null; then sed -n "s/^LISTENING $2=//p" "$1"; return; fi
-    sleep 0.1
-  done
-  echo "ab_stack: $2 did not start; see ${1%.out}.log" >&2
-  exit 1
-}
 cpu_ticks() {  # utime + stime of the cluster's daemons
   local t=0
   for p in "${pids[@]}"; do
@@ -62,20 +50,7 @@ cpu_ticks() {  # utime + stime of the cluster's daemons
 
 run_one() {  # build, run directory
   local build=$1 dir=$2
-  mkdir -p "$dir"
-  "$build/worker/ringlane-worker" --model="$MODEL" --threads=1 --rank=0 --world_size=2 \
-    --listen=127.0.0.1:0 >"$dir/worker0.out" 2>"$dir/worker0.log" &
-  pids+=($!)
-  local w0 w1 http
-  w0=$(wait_listening "$dir/worker0.out" worker)
-  "$build/worker/ringlane-worker" --model="$MODEL" --threads=1 --rank=1 --world_size=2 \
-    --listen=127.0.0.1:0 --rendezvous="$w0" >"$dir/worker1.out" 2>"$dir/worker1.log" &
-  pids+=($!)
-  w1=$(wait_listening "$dir/worker1.out" worker)
-  "$build/router/ringlane-router" --workers="$w0,$w1" --tokenizer="$TOKENIZER" \
-    --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 >"$dir/router.out" 2>"$dir/router.log" &
-  pids+=($!)
-  http=$(wait_listening "$dir/router.out" http)
+  start_cluster "$build" "$dir"
   local before after
   before=$(cpu_ticks)
   "$BENCH" --base_url="http://$http/v1" --workload="$OUT/workload.json" --seed=7 \

@@ -20,34 +20,10 @@ OUT="$BUILD/soak"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
-pids=()
-names=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-wait_listening() {  # stdout file, name
-  for _ in $(seq 1 600); do
-    if grep -q "^LISTENING $2=" "$1" 2>/dev/null; then sed -n "s/^LISTENING $2=//p" "$1"; return; fi
-    sleep 0.1
-  done
-  echo "soak: $2 did not start; see ${1%.out}.log" >&2
-  exit 1
-}
-
-"$BUILD/worker/ringlane-worker" --model="$MODEL" --threads=1 --rank=0 --world_size=2 \
-  --listen=127.0.0.1:0 >"$OUT/worker0.out" 2>"$OUT/worker0.log" &
-pids+=($!); names+=(worker0)
-w0=$(wait_listening "$OUT/worker0.out" worker)
-"$BUILD/worker/ringlane-worker" --model="$MODEL" --threads=1 --rank=1 --world_size=2 \
-  --listen=127.0.0.1:0 --rendezvous="$w0" >"$OUT/worker1.out" 2>"$OUT/worker1.log" &
-pids+=($!); names+=(worker1)
-w1=$(wait_listening "$OUT/worker1.out" worker)
-"$BUILD/router/ringlane-router" --workers="$w0,$w1" --tokenizer="$TOKENIZER" \
-  --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 >"$OUT/router.out" 2>"$OUT/router.log" &
-pids+=($!); names+=(router)
-http=$(wait_listening "$OUT/router.out" http)
+# shellcheck source=tools/lib/cluster.sh
+source "$(dirname "$0")/lib/cluster.sh"
+trap stop_cluster EXIT
+start_cluster "$BUILD" "$OUT"
 
 cat >"$OUT/workload.json" <<JSON
 {
