@@ -88,7 +88,8 @@ class Tokenizer {
   // Control tokens that Decode drops when asked to skip special tokens.
   virtual bool IsSpecial(int32_t id) const = 0;
   // The token's string as the vocabulary stores it ("Ġthe", "▁the",
-  // "<0x0A>", "<|eot_id|>"); empty for ids not in the vocabulary.
+  // "<0x0A>", "<|eot_id|>"); empty for ids not in the vocabulary, and for a
+  // llama2.c vocabulary's zero-length pieces (which decode to nothing).
   virtual std::string_view IdToToken(int32_t id) const = 0;
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
   // "llama2c", "tokenizer.json" or "sentencepiece", for logs and errors.

@@ -54,10 +54,16 @@ void Use(const Tokenizer& t) {
     ringlane::router::DecodeState state;
     std::string out;
     const absl::Status s = t.DecodeToken(id, false, &state, &out);
-    // A vocabulary may leave ids unused (tokenizer.h); those have no token.
-    const bool known = id >= 0 && id < vocab && !t.IdToToken(id).empty();
-    FUZZ_CHECK(s.ok() == known, "%s: DecodeToken(%d), vocab %d: %s",
-               std::string(t.format()).c_str(), id, vocab, s.ToString().c_str());
+    // Ids outside the vocabulary never decode; ids with a token always do.
+    // An in-range id without a token string is either unused (tokenizer.h) or,
+    // in a llama2.c vocabulary, a zero-length piece that decodes to nothing:
+    // either answer is right (found by this target: a llama2.c file whose id
+    // 87 had an empty piece).
+    const bool in_range = id >= 0 && id < vocab;
+    if (!in_range || !t.IdToToken(id).empty()) {
+      FUZZ_CHECK(s.ok() == in_range, "%s: DecodeToken(%d), vocab %d: %s",
+                 std::string(t.format()).c_str(), id, vocab, s.ToString().c_str());
+    }
     if (t.bos_id() >= 0 && t.bos_id() < vocab && s.ok()) {
       state = {};
       out.clear();
