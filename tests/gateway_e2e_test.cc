@@ -183,33 +183,44 @@ TEST_F(GatewayTest, BadRequestsGetOpenAiErrorsAndTheDaemonKeepsServing) {
     std::string body;
     int status;
     std::string message;
+    // The field error.param names (null when empty): typed, never parsed
+    // from the message.
+    std::string param;
   };
   const std::string long_prompt(40000, 'a');  // ~ thousands of tokens: over the 512 context
   const std::vector<Case> cases = {
-      {"invalid JSON", "/v1/completions", "{\"model\": ", 400, "not valid JSON"},
+      {"invalid JSON", "/v1/completions", "{\"model\": ", 400, "not valid JSON", "body"},
       {"wrong type", "/v1/completions", R"({"model":"stories260K","prompt":"x","n":"2"})", 400,
-       "expected an integer"},
+       "expected an integer", "n"},
       {"unknown model", "/v1/completions", R"({"model":"gpt-9","prompt":"x"})", 404,
-       "unknown model"},
+       "unknown model", "model"},
       {"negative max_tokens", "/v1/completions",
-       R"({"model":"stories260K","prompt":"x","max_tokens":-1})", 400, "max_tokens"},
+       R"({"model":"stories260K","prompt":"x","max_tokens":-1})", 400, "max_tokens", "max_tokens"},
       {"huge max_tokens", "/v1/completions",
-       R"({"model":"stories260K","prompt":"x","max_tokens":100000})", 400, "context"},
+       R"({"model":"stories260K","prompt":"x","max_tokens":100000})", 400, "context", "max_tokens"},
       {"prompt over the context", "/v1/completions",
-       json{{"model", kModel}, {"prompt", long_prompt}}.dump(), 400, "context"},
+       json{{"model", kModel}, {"prompt", long_prompt}}.dump(), 400, "context", "prompt"},
       {"five stops", "/v1/completions",
-       R"({"model":"stories260K","prompt":"x","stop":["a","b","c","d","e"]})", 400, "at most 4"},
+       R"({"model":"stories260K","prompt":"x","stop":["a","b","c","d","e"]})", 400, "at most 4",
+       "stop"},
       {"invalid UTF-8", "/v1/completions",
-       std::string("{\"model\":\"stories260K\",\"prompt\":\"a\xff\xfe\"}"), 400, "UTF-8"},
+       std::string("{\"model\":\"stories260K\",\"prompt\":\"a\xff\xfe\"}"), 400, "UTF-8", "body"},
       {"unsupported field", "/v1/chat/completions",
        R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
-       400, "tools"},
-      {"missing messages", "/v1/chat/completions", R"({"model":"stories260K"})", 400, "messages"},
+       400, "tools", "tools"},
+      {"missing messages", "/v1/chat/completions", R"({"model":"stories260K"})", 400, "messages",
+       "messages"},
       {"bad role", "/v1/chat/completions",
-       R"({"model":"stories260K","messages":[{"role":"wizard","content":"x"}]})", 400, "wizard"},
+       R"({"model":"stories260K","messages":[{"role":"wizard","content":"x"}]})", 400, "wizard",
+       "messages"},
+      // The bound comes from the workers' GetInfo limits, checked before any
+      // round is planned.
+      {"top_logprobs over the workers' limit", "/v1/chat/completions",
+       R"({"model":"stories260K","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
+       400, "top_logprobs", "top_logprobs"},
       {"body over the limit", "/v1/completions",
-       json{{"model", kModel}, {"prompt", std::string(70000, 'b')}}.dump(), 413, ""},
-      {"no route", "/v1/embeddings", "{}", 404, "no route"},
+       json{{"model", kModel}, {"prompt", std::string(70000, 'b')}}.dump(), 413, "", ""},
+      {"no route", "/v1/embeddings", "{}", 404, "no route", ""},
   };
   for (const Case& c : cases) {
     auto client = cluster_->Client();  // a 413 closes its connection
@@ -221,6 +232,7 @@ TEST_F(GatewayTest, BadRequestsGetOpenAiErrorsAndTheDaemonKeepsServing) {
     EXPECT_TRUE(j["error"]["type"].is_string()) << c.name;
     EXPECT_TRUE(j["error"].contains("param") && j["error"].contains("code")) << c.name;
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(c.message)) << c.name;
+    EXPECT_EQ(j["error"]["param"], c.param.empty() ? json(nullptr) : json(c.param)) << c.name;
     // And a good request right after.
     auto good = cluster_->Client();
     HttpResponse ok =

@@ -66,8 +66,9 @@ absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(const std::string&
   worker::CpuBackendOptions opt;
   opt.comm = comm;
   opt.threads = 1;
-  auto b = worker::CreateCpuBackend(*shard, opt);
-  if (absl::Status st = b->AllocateKvPool({128, 16, kv}); !st.ok()) return st;
+  absl::StatusOr<std::unique_ptr<worker::Backend>> b = worker::CreateCpuBackend(*shard, opt);
+  if (!b.ok()) return b.status();
+  if (absl::Status st = (*b)->AllocateKvPool({128, 16, kv}); !st.ok()) return st;
   return b;
 }
 

@@ -120,6 +120,10 @@ TEST(WorkerDaemonTest, Tp1ServesInfoHealthAndTheGoldenIds) {
   // The sampler's bounds, advertised once.
   EXPECT_EQ(info.limits().max_top_logprobs(), 20);
   EXPECT_EQ(info.limits().max_abs_penalty(), 2.0f);
+  // Each layer's cache, as the model graph declares it: the Llama family
+  // keeps paged K/V everywhere.
+  ASSERT_EQ(info.layer_cache_kinds_size(), 5);
+  for (int kind : info.layer_cache_kinds()) EXPECT_EQ(kind, v1::CACHE_KIND_PAGED_KV);
 
   auto ch = grpc::CreateChannel(g.rank(0).address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(ch);

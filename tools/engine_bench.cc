@@ -253,7 +253,9 @@ std::unique_ptr<rw::Backend> MakeBackend(std::shared_ptr<const rw::ModelWeights>
   o.spin_us = absl::GetFlag(FLAGS_spin_us);
   o.allow_avx512 = absl::GetFlag(FLAGS_isa) == "best";
   o.force_scalar = absl::GetFlag(FLAGS_isa) == "scalar";
-  auto b = rw::CreateCpuBackend(std::move(m), o);
+  absl::StatusOr<std::unique_ptr<rw::Backend>> made = rw::CreateCpuBackend(std::move(m), o);
+  if (!made.ok()) Die(std::string(made.status().message()));
+  std::unique_ptr<rw::Backend> b = std::move(*made);
   if (absl::Status st = b->AllocateKvPool({blocks, 16, rw::DType::kF32}); !st.ok()) {
     Die(std::string(st.message()));
   }

@@ -276,8 +276,10 @@ int main(int argc, char** argv) {
     if (!model.ok()) Die(std::string(model.status().message()));
     rw::CpuBackendOptions opt;
     opt.threads = threads;
-    auto local = std::make_unique<LocalEngine>(
-        rw::CreateCpuBackend(std::shared_ptr<const rw::ModelWeights>(std::move(*model)), opt));
+    absl::StatusOr<std::unique_ptr<rw::Backend>> backend =
+        rw::CreateCpuBackend(std::shared_ptr<const rw::ModelWeights>(std::move(*model)), opt);
+    if (!backend.ok()) Die(std::string(backend.status().message()));
+    auto local = std::make_unique<LocalEngine>(std::move(*backend));
     if (absl::Status st = local->Init(block_size, *kv_dtype); !st.ok()) {
       Die(std::string(st.message()));
     }

@@ -77,7 +77,9 @@ Result RunRank(const std::string& path, int rank, int world, int threads, const 
   rw::CpuBackendOptions opt;
   opt.threads = threads;
   opt.comm = comm.get();
-  auto backend = rw::CreateCpuBackend(model, opt);
+  absl::StatusOr<std::unique_ptr<rw::Backend>> made = rw::CreateCpuBackend(model, opt);
+  if (!made.ok()) Die(std::string(made.status().message()));
+  std::unique_ptr<rw::Backend> backend = std::move(*made);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int prompt = absl::GetFlag(FLAGS_prompt);
   const int bs = 16;

@@ -245,6 +245,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int64_t block_bytes = *block_bytes_or;
+  absl::StatusOr<std::vector<rw::LayerCacheSpec>> layer_caches =
+      rw::LayerCaches(backend, cfg, shard->shard);
+  if (!layer_caches.ok()) {
+    RL_LOG(ERROR) << "KV pool: " << layer_caches.status().message();
+    return 1;
+  }
   RL_LOG(INFO) << absl::StrFormat(
       "model %s: %d layers, %d/%d heads (this rank %d, KV %d), vocab %d, context %d; "
       "KV pool %d blocks x %d tokens, %s, %.1f MiB; loaded in %.0f ms",
@@ -293,7 +299,7 @@ int main(int argc, char** argv) {
   id.group = group_name;
   id.rank = rank;
   id.world_size = world;
-  rw::WorkerService service(&group, cfg, pool, block_bytes, id, &metrics);
+  rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics);
   rw::RendezvousService rendezvous_service;
 
   grpc::EnableDefaultHealthCheckService(true);

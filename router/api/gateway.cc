@@ -263,8 +263,8 @@ int Gateway::Detokenize(const HttpRequest& req, HttpResponder& out) {
   }
   absl::StatusOr<std::string> text = router_->tokenizer().Decode(r->second);
   if (!text.ok()) {
-    return SendError(out, openai::ErrorFromStatus(absl::InvalidArgumentError(
-                              absl::StrCat("tokens: ", text.status().message()))));
+    return SendError(
+        out, openai::ErrorFromStatus(FieldError("tokens", std::string(text.status().message()))));
   }
   out.Send(200, kJson, Dump({{"prompt", openai::ValidUtf8(*text)}}));
   return 200;

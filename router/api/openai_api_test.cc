@@ -233,11 +233,17 @@ TEST(OpenAiErrorTest, StatusesMapToOpenAiErrors) {
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("no group")).status, 503);
   EXPECT_EQ(ErrorFromStatus(absl::UnauthenticatedError("no key")).status, 401);
   EXPECT_EQ(ErrorFromStatus(absl::InternalError("boom")).status, 500);
-  const json j = json::parse(ErrorJson(ErrorFromStatus(absl::InvalidArgumentError("n: bad"))));
+  const json j = json::parse(ErrorJson(ErrorFromStatus(FieldError("n", "bad"))));
   EXPECT_EQ(j["error"]["message"], "n: bad");
   EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   EXPECT_EQ(j["error"]["param"], "n");
   EXPECT_TRUE(j["error"]["code"].is_null());
+  EXPECT_EQ(ErrorFromStatus(UnknownModelError("x", "y")).param, "model");
+  // The param travels with the status too: text that looks like a field
+  // names none, and a field survives a message that does not start with it.
+  EXPECT_EQ(ErrorFromStatus(absl::InvalidArgumentError("n: bad")).param, "");
+  EXPECT_EQ(ErrorFromStatus(WithParam(absl::InvalidArgumentError("too long"), "stop")).param,
+            "stop");
 }
 
 TEST(OpenAiParseTest, TokenizeAndDetokenizeBodies) {

@@ -22,11 +22,7 @@ std::string ErrorJson(const ApiError& e) {
 ApiError ErrorFromStatus(const absl::Status& status) {
   ApiError e;
   e.message = std::string(status.message());
-  // Messages of bad input start with the field: "max_tokens: ...".
-  const size_t colon = e.message.find(": ");
-  if (colon != std::string::npos && colon > 0 && e.message.find_first_of(" '\"", 0) > colon) {
-    e.param = e.message.substr(0, colon);
-  }
+  e.param = ParamOf(status);
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       if (KindOf(status) == ErrorKind::kModelNotFound) {

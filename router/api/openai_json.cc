@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "router/request/errors.h"
 
 namespace ringlane::router::openai {
 
@@ -26,8 +27,8 @@ absl::Status CheckJsonDepth(std::string_view body, int max_depth) {
       in_string = true;
     } else if (c == '[' || c == '{') {
       if (++depth > max_depth) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("body: JSON nested deeper than ", max_depth, " levels (at byte ", i, ")"));
+        return FieldError("body", absl::StrCat("JSON nested deeper than ", max_depth,
+                                               " levels (at byte ", i, ")"));
       }
     } else if (c == ']' || c == '}') {
       --depth;  // unbalanced brackets are the parser's to report
@@ -38,9 +39,7 @@ absl::Status CheckJsonDepth(std::string_view body, int max_depth) {
 
 namespace internal {
 
-absl::Status Bad(std::string_view field, std::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why)));
-}
+absl::Status Bad(std::string_view field, std::string_view why) { return FieldError(field, why); }
 
 std::string TypeName(const json& v) {
   if (v.is_string()) return "string";
@@ -112,7 +111,7 @@ absl::StatusOr<json> ParseObject(std::string_view body, const RequestLimits& lim
     } catch (const json::exception& e) {  // out_of_range too: "1e400" overflows a double
       why = absl::StrCat("not valid JSON (", e.what(), ")");
     }
-    return absl::InvalidArgumentError(absl::StrCat("body: ", why));
+    return FieldError("body", why);
   }
   if (!j.is_object()) return WrongType("body", "a JSON object", j);
   return j;

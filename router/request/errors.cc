@@ -24,9 +24,26 @@ ErrorKind KindOf(const absl::Status& status) {
   return ErrorKind::kNone;
 }
 
+absl::Status FieldError(std::string_view field, std::string_view why) {
+  return WithParam(
+      absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", std::string(why))), field);
+}
+
+absl::Status WithParam(absl::Status status, std::string_view field) {
+  if (!status.ok() && !field.empty()) {
+    status.SetPayload(kErrorParamPayload, absl::Cord(std::string(field)));
+  }
+  return status;
+}
+
+std::string ParamOf(const absl::Status& status) {
+  auto p = status.GetPayload(kErrorParamPayload);
+  return p ? std::string(*p) : std::string();
+}
+
 absl::Status UnknownModelError(absl::string_view requested, absl::string_view served) {
-  return WithKind(absl::InvalidArgumentError(absl::StrCat("model: unknown model '", requested,
-                                                          "'; this router serves '", served, "'")),
+  return WithKind(FieldError("model", absl::StrCat("unknown model '", requested,
+                                                   "'; this router serves '", served, "'")),
                   ErrorKind::kModelNotFound);
 }
 

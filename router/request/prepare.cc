@@ -19,7 +19,7 @@ namespace v1 = ringlane::v1;
 namespace {
 
 absl::Status Invalid(const std::string& field, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  return FieldError(field, why);
 }
 
 }  // namespace

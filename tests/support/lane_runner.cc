@@ -181,9 +181,10 @@ absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
     const worker::CpuBackendOptions& options) {
   auto m = worker::LoadModel(model_path);
   if (!m.ok()) return m.status();
-  auto b =
+  absl::StatusOr<std::unique_ptr<worker::Backend>> b =
       worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*m)), options);
-  if (absl::Status st = b->AllocateKvPool(kv); !st.ok()) return st;
+  if (!b.ok()) return b.status();
+  if (absl::Status st = (*b)->AllocateKvPool(kv); !st.ok()) return st;
   return b;
 }
 

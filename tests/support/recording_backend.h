@@ -20,6 +20,9 @@ class RecordingBackend final : public worker::Backend {
 
   std::string name() const override { return inner_->name(); }
   const worker::ModelConfig& config() const override { return inner_->config(); }
+  std::vector<worker::LayerCacheSpec> layer_caches() const override {
+    return inner_->layer_caches();
+  }
   absl::Status AllocateKvPool(const worker::KvPoolSpec& spec) override {
     return inner_->AllocateKvPool(spec);
   }

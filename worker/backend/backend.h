@@ -30,6 +30,9 @@ class Backend {
 
   virtual std::string name() const = 0;
   virtual const ModelConfig& config() const = 0;
+  // The cache each layer keeps on this rank (the model graph's), one entry
+  // per layer; AllocateKvPool sizes the pool for them.
+  virtual std::vector<LayerCacheSpec> layer_caches() const = 0;
 
   // (Re)allocates the KV pool; previous contents are gone. InvalidArgument for
   // a bad spec, ResourceExhausted when memory runs out.
@@ -67,12 +70,13 @@ struct CpuBackendOptions {
   int spin_us = 50;
 };
 
-std::unique_ptr<Backend> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
-                                          const CpuBackendOptions& options);
+// Unimplemented when no graph runs the model's family (graph/factory.h).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
+                                                          const CpuBackendOptions& options);
 
 // The bytes of one KV block of the CPU backend for this shard and pool spec
 // (spec.num_blocks is not looked at), without allocating a pool.
-// InvalidArgument as AllocateKvPool.
+// InvalidArgument as AllocateKvPool; Unimplemented as CreateCpuBackend.
 absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard& shard,
                                         const KvPoolSpec& spec);
 

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/graph/factory.h"
 
 namespace ringlane::worker {
 
@@ -33,6 +34,14 @@ absl::StatusOr<int64_t> KvBlockBytes(std::string_view kind, const ModelConfig& c
                                      const TpShard& shard, const KvPoolSpec& spec) {
   if (kind != kCpuBackend) return UnknownKind(kind);
   return CpuKvBlockBytes(config, shard, spec);
+}
+
+absl::StatusOr<std::vector<LayerCacheSpec>> LayerCaches(std::string_view kind,
+                                                        const ModelConfig& config,
+                                                        const TpShard& shard) {
+  if (kind != kCpuBackend) return UnknownKind(kind);
+  // The CPU backend keeps exactly what the graph asks for.
+  return GraphLayerCaches(config, shard);
 }
 
 }  // namespace ringlane::worker

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/backend/backend.h"
@@ -42,6 +43,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::shared_ptr<const Mod
 // spec or an unknown kind; Unimplemented as CreateBackend.
 absl::StatusOr<int64_t> KvBlockBytes(std::string_view kind, const ModelConfig& config,
                                      const TpShard& shard, const KvPoolSpec& spec);
+
+// The cache each layer keeps on a rank of `shard` under a backend of `kind`
+// (what Backend::layer_caches() will say), without loading weights: what the
+// worker advertises in GetInfo. Errors as KvBlockBytes.
+absl::StatusOr<std::vector<LayerCacheSpec>> LayerCaches(std::string_view kind,
+                                                        const ModelConfig& config,
+                                                        const TpShard& shard);
 
 }  // namespace ringlane::worker
 

@@ -40,12 +40,13 @@ LlamaGraph::LlamaGraph(std::shared_ptr<const ModelWeights> model)
       shard_(model_->shard),
       inv_freq_(RopeInverseFrequencies(cfg_)) {}
 
-std::vector<LayerCacheSpec> LlamaGraph::LayerCaches() const {
+std::vector<LayerCacheSpec> LlamaGraph::LayerCaches(const ModelConfig& config,
+                                                    const TpShard& shard) {
   LayerCacheSpec paged;
   paged.kind = CacheKind::kPagedKv;
-  paged.kv_heads = shard_.kv_heads;
-  paged.head_dim = cfg_.head_dim;
-  return std::vector<LayerCacheSpec>(cfg_.layers, paged);
+  paged.kv_heads = shard.kv_heads;
+  paged.head_dim = config.head_dim;
+  return std::vector<LayerCacheSpec>(config.layers, paged);
 }
 
 absl::StatusOr<RoundOutput> LlamaGraph::Forward(const RoundInput& round, ComputeOps* ops) {

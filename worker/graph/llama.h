@@ -10,36 +10,36 @@
 // Tensor-parallel in the Megatron layout of TpShard: the rank's query/KV
 // heads and MLP columns, summed over the group after wo and w_down.
 //
-// Owned by a backend and driven by its step thread; not thread-safe. Keeps
-// its per-round index arrays between rounds to avoid reallocating them.
+// Made by graph/factory.h for model_type llama, mistral and qwen2. Keeps its
+// per-round index arrays between rounds to avoid reallocating them.
 #ifndef RINGLANE_WORKER_GRAPH_LLAMA_H_
 #define RINGLANE_WORKER_GRAPH_LLAMA_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/backend/ops.h"
+#include "worker/graph/graph.h"
 #include "worker/model/model.h"
 #include "worker/round.h"
 
 namespace ringlane::worker {
 
-class LlamaGraph {
+class LlamaGraph final : public ModelGraph {
  public:
   // `model` is this rank's shard (the whole model when not sharded).
   explicit LlamaGraph(std::shared_ptr<const ModelWeights> model);
 
-  // The cache each layer keeps on this rank: paged K/V of the rank's KV heads,
-  // the same in every layer.
-  std::vector<LayerCacheSpec> LayerCaches() const;
+  // The cache each layer keeps on a rank of `shard`: paged K/V of the rank's
+  // KV heads, the same in every layer.
+  static std::vector<LayerCacheSpec> LayerCaches(const ModelConfig& config, const TpShard& shard);
 
-  // Runs one round over `ops`, whose cache must hold the caches LayerCaches()
-  // names. The round must already be validated against the pool (token ids,
-  // positions and block ids in range, blocks covering the positions). Errors:
-  // the group's collectives' (Unavailable when a peer is gone).
-  absl::StatusOr<RoundOutput> Forward(const RoundInput& round, ComputeOps* ops);
+  std::string family() const override { return "llama"; }
+  std::vector<LayerCacheSpec> LayerCaches() const override { return LayerCaches(cfg_, shard_); }
+  absl::StatusOr<RoundOutput> Forward(const RoundInput& round, ComputeOps* ops) override;
 
  private:
   // Logits of the rows in want_, in order, into out.

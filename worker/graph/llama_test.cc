@@ -147,7 +147,9 @@ TEST(LlamaGraph, OverCpuOpsMatchesTheBackendWithOneCallPerOp) {
 
   CpuBackendOptions o;
   o.force_scalar = true;
-  auto backend = CreateCpuBackend(model, o);
+  absl::StatusOr<std::unique_ptr<Backend>> made = CreateCpuBackend(model, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<Backend>& backend = *made;
   ASSERT_TRUE(backend->AllocateKvPool(spec).ok());
   auto want = backend->Step(TwoSequences());
   ASSERT_TRUE(want.ok()) << want.status();

@@ -33,6 +33,7 @@ class FailingStepBackend final : public Backend {
   explicit FailingStepBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   std::string name() const override { return "failing"; }
   const ModelConfig& config() const override { return inner_->config(); }
+  std::vector<LayerCacheSpec> layer_caches() const override { return inner_->layer_caches(); }
   absl::Status AllocateKvPool(const KvPoolSpec& spec) override {
     return inner_->AllocateKvPool(spec);
   }

@@ -42,12 +42,14 @@ v1::DType ToProto(DType t) {
 }
 
 WorkerService::WorkerService(GroupMember* group, const ModelConfig& config,
-                             const KvPoolSpec& kv_pool, int64_t kv_block_bytes, WorkerIdentity id,
+                             const KvPoolSpec& kv_pool, int64_t kv_block_bytes,
+                             std::vector<LayerCacheSpec> layer_caches, WorkerIdentity id,
                              WorkerMetrics* metrics)
     : group_(group),
       config_(config),
       kv_pool_(kv_pool),
       kv_block_bytes_(kv_block_bytes),
+      layer_caches_(std::move(layer_caches)),
       id_(std::move(id)),
       metrics_(metrics) {}
 
@@ -71,7 +73,10 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_backend(id_.backend);
   info->set_bos_token_id(config_.bos_id);
   info->set_eos_token_id(config_.eos_id);
-  for (int i = 0; i < config_.layers; ++i) info->add_layer_cache_kinds(v1::CACHE_KIND_PAGED_KV);
+  for (const LayerCacheSpec& c : layer_caches_) {
+    // The engine's CacheKind values are the proto's (checked in graph/llama.cc).
+    info->add_layer_cache_kinds(static_cast<v1::CacheKind>(c.kind));
+  }
   // The bounds this rank's sampler enforces, so the router can refuse a
   // request up front instead of learning them from a rejected round.
   info->mutable_limits()->set_max_top_logprobs(kMaxTopLogprobs);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "worker/server/group.h"
@@ -30,8 +31,11 @@ struct WorkerIdentity {
 class WorkerService final : public ringlane::v1::Worker::Service {
  public:
   // `group` and `metrics` (optional) are not owned and must outlive the service.
+  // `layer_caches` is what this rank's backend keeps per layer
+  // (backend/factory.h LayerCaches), advertised in GetInfo.
   WorkerService(GroupMember* group, const ModelConfig& config, const KvPoolSpec& kv_pool,
-                int64_t kv_block_bytes, WorkerIdentity id, WorkerMetrics* metrics);
+                int64_t kv_block_bytes, std::vector<LayerCacheSpec> layer_caches, WorkerIdentity id,
+                WorkerMetrics* metrics);
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const ringlane::v1::GetInfoRequest* req,
                        ringlane::v1::WorkerInfo* info) override;
@@ -56,6 +60,7 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   const ModelConfig config_;
   const KvPoolSpec kv_pool_;
   const int64_t kv_block_bytes_;
+  const std::vector<LayerCacheSpec> layer_caches_;
   const WorkerIdentity id_;
   WorkerMetrics* const metrics_;
   std::atomic<bool> stream_open_{false};

@@ -1,5 +1,5 @@
-// The CPU backend: the Llama graph (graph/llama.h) over CpuOps, the kernels
-// of kernels.h on a persistent thread pool, and the paged KV pool.
+// The CPU backend: the model's graph (graph/factory.h) over CpuOps, the
+// kernels of kernels.h on a persistent thread pool, and the paged KV pool.
 #include <cstring>
 #include <set>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "worker/backend/cpu/cpu_ops.h"
 #include "worker/backend/cpu/kernels.h"
 #include "worker/collectives/communicator.h"
-#include "worker/graph/llama.h"
+#include "worker/graph/factory.h"
 #include "worker/thread_pool.h"
 
 namespace ringlane::worker {
@@ -20,7 +20,8 @@ using cpu::Isa;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const ModelWeights> model, const CpuBackendOptions& options)
+  CpuBackend(std::shared_ptr<const ModelWeights> model, std::unique_ptr<ModelGraph> graph,
+             const CpuBackendOptions& options)
       : model_(std::move(model)),
         cfg_(model_->config),
         shard_(model_->shard),
@@ -29,7 +30,8 @@ class CpuBackend final : public Backend {
         pool_(options.threads, options.spin_us),
         // The graph meets the group only when the model is sharded over one.
         ops_(&pool_, isa_, comm_ != nullptr && shard_.world > 1 ? comm_ : nullptr),
-        graph_(model_) {}
+        graph_(std::move(graph)),
+        caches_(graph_->LayerCaches()) {}
 
   std::string name() const override {
     return absl::StrCat("cpu(", cpu::IsaName(isa_), ", ", pool_.num_threads(), " threads",
@@ -39,6 +41,7 @@ class CpuBackend final : public Backend {
                         ")");
   }
   const ModelConfig& config() const override { return cfg_; }
+  std::vector<LayerCacheSpec> layer_caches() const override { return caches_; }
   const KvPoolSpec& kv_pool() const override { return kv_spec_; }
 
   absl::Status AllocateKvPool(const KvPoolSpec& spec) override {
@@ -46,7 +49,8 @@ class CpuBackend final : public Backend {
     kv_.reset();
     // One pool holds every layer's K/V, so its layers must agree on the
     // geometry; other cache kinds have no pool yet.
-    const std::vector<LayerCacheSpec> caches = graph_.LayerCaches();
+    const std::vector<LayerCacheSpec>& caches = caches_;
+    if (caches.empty()) return absl::FailedPreconditionError("the model has no layers");
     for (const LayerCacheSpec& c : caches) {
       if (c.kind != CacheKind::kPagedKv) {
         return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
@@ -56,8 +60,8 @@ class CpuBackend final : public Backend {
         return absl::UnimplementedError("layers with different KV geometry share no pool");
       }
     }
-    auto kv =
-        KvCache::Create(static_cast<int>(caches.size()), shard_.kv_heads, cfg_.head_dim, spec);
+    auto kv = KvCache::Create(static_cast<int>(caches.size()), caches[0].kv_heads,
+                              caches[0].head_dim, spec);
     if (!kv.ok()) return kv.status();
     kv_ = std::move(*kv);
     ops_.set_kv_cache(kv_.get());
@@ -106,7 +110,8 @@ class CpuBackend final : public Backend {
   KvPoolSpec kv_spec_;
   std::unique_ptr<KvCache> kv_;
   cpu::CpuOps ops_;  // borrows pool_, comm_ and kv_
-  LlamaGraph graph_;
+  const std::unique_ptr<ModelGraph> graph_;
+  const std::vector<LayerCacheSpec> caches_;  // the graph's, fixed for its life
 };
 
 absl::Status CpuBackend::Validate(const RoundInput& round) const {
@@ -151,20 +156,32 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
 
 absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   if (absl::Status st = Validate(round); !st.ok()) return st;
-  return graph_.Forward(round, &ops_);
+  return graph_->Forward(round, &ops_);
 }
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
-                                          const CpuBackendOptions& options) {
-  return std::make_unique<CpuBackend>(std::move(model), options);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
+                                                          const CpuBackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<ModelGraph>> graph = CreateGraph(model);
+  if (!graph.ok()) return graph.status();
+  return std::make_unique<CpuBackend>(std::move(model), std::move(*graph), options);
 }
 
 absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard& shard,
                                         const KvPoolSpec& spec) {
   // The pool AllocateKvPool would make is a KvCache of exactly this shape.
-  return KvCache::BlockBytes(config.layers, shard.kv_heads, config.head_dim, spec);
+  absl::StatusOr<std::vector<LayerCacheSpec>> caches = GraphLayerCaches(config, shard);
+  if (!caches.ok()) return caches.status();
+  if (caches->empty()) return absl::InvalidArgumentError("the model has no layers");
+  for (const LayerCacheSpec& c : *caches) {
+    if (c.kind != CacheKind::kPagedKv) {
+      return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
+                                                   " has no CPU pool; only paged KV does"));
+    }
+  }
+  return KvCache::BlockBytes(static_cast<int>(caches->size()), (*caches)[0].kv_heads,
+                             (*caches)[0].head_dim, spec);
 }
 
 }  // namespace ringlane::worker

@@ -20,6 +20,13 @@ std::shared_ptr<const ModelWeights> Stories() {
   return std::shared_ptr<const ModelWeights>(std::move(*m));
 }
 
+// Fails the test (and returns null) when the backend cannot be made.
+std::unique_ptr<Backend> MakeBackend(const CpuBackendOptions& o) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCpuBackend(Stories(), o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
 std::vector<uint8_t> Snapshot(const Backend& b) {
   std::vector<uint8_t> all, one;
   for (int i = 0; i < b.kv_pool().num_blocks; ++i) {
@@ -39,7 +46,7 @@ SeqStep Seq(int64_t start, std::vector<int32_t> tokens, std::vector<int32_t> blo
 }
 
 TEST(CpuBackend, StepBeforePoolIsFailedPrecondition) {
-  auto b = CreateCpuBackend(Stories(), {});
+  auto b = MakeBackend({});
   RoundInput in;
   in.seqs.push_back(Seq(0, {1, 2}, {0}));
   EXPECT_EQ(b->Step(in).status().code(), absl::StatusCode::kFailedPrecondition);
@@ -48,7 +55,7 @@ TEST(CpuBackend, StepBeforePoolIsFailedPrecondition) {
 // Each bad round is refused with InvalidArgument naming the problem, writes
 // nothing, and the backend serves a good round right after.
 TEST(CpuBackend, BadRoundsAreRefusedWithoutSideEffects) {
-  auto b = CreateCpuBackend(Stories(), {});
+  auto b = MakeBackend({});
   ASSERT_TRUE(b->AllocateKvPool({4, 4, DType::kF32}).ok());
   struct Case {
     const char* name;
@@ -89,7 +96,7 @@ TEST(CpuBackend, BadRoundsAreRefusedWithoutSideEffects) {
 }
 
 TEST(CpuBackend, KvBlockExportImportRoundTrip) {
-  auto b = CreateCpuBackend(Stories(), {});
+  auto b = MakeBackend({});
   ASSERT_TRUE(b->AllocateKvPool({3, 4, DType::kFP8E4M3}).ok());
   RoundInput in;
   in.seqs.push_back(Seq(0, {1, 403, 407, 261}, {2}));
@@ -110,7 +117,7 @@ TEST(CpuBackend, KvBlockExportImportRoundTrip) {
 // A resumed prefix: logits after importing a prefix's blocks into other block
 // ids equal the logits computed straight through.
 TEST(CpuBackend, ImportedPrefixContinuesIdentically) {
-  auto b = CreateCpuBackend(Stories(), {});
+  auto b = MakeBackend({});
   ASSERT_TRUE(b->AllocateKvPool({8, 4, DType::kBF16}).ok());
   std::vector<int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286, 261};
   RoundInput full;
@@ -135,7 +142,7 @@ TEST(CpuBackend, ImportedPrefixContinuesIdentically) {
 class ChunkingTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(ChunkingTest, LogitsIndependentOfPrefillChunking) {
-  auto b = CreateCpuBackend(Stories(), {.threads = 2});
+  auto b = MakeBackend({.threads = 2});
   ASSERT_TRUE(b->AllocateKvPool({8, 16, GetParam()}).ok());
   std::vector<int32_t> toks;
   for (int i = 0; i < 40; ++i) toks.push_back((i * 61 + 5) % 512);
