@@ -51,7 +51,12 @@ ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{4} << 20,
           "largest data of one Put chunk, and largest chunk a Get may ask for");
 ABSL_FLAG(int, max_keys_per_request, 4096, "most keys in one Get or Lookup");
 ABSL_FLAG(int, max_concurrent_calls, 64, "calls served at once; more fail with RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, drain_timeout_ms, 5000, "on SIGTERM, how long running calls may finish");
+// Short: every kvstore call is bounded by its client's deadline (hundreds of
+// ms), and gRPC's Shutdown waits out the whole deadline while any client
+// keeps a connection open, even an idle one.
+ABSL_FLAG(int, drain_timeout_ms, 1000,
+          "on SIGTERM, how long running calls may finish (gRPC waits this long while clients "
+          "stay connected)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM file of the CA that signs every peer's certificate: with --tls_cert and --tls_key "
