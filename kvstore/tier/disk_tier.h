@@ -72,9 +72,9 @@ class DiskTier {
 
   // Opens (or creates) the database in options.dir and rebuilds the index;
   // entries beyond the budget (it may have shrunk) are evicted oldest first.
-  // Unavailable-free: InvalidArgument for bad options, Internal with
-  // RocksDB's reason when the directory cannot be used (not writable, held
-  // by another kvstore, damaged beyond recovery).
+  // InvalidArgument for bad options; Internal, with RocksDB's reason, when
+  // the directory cannot be used (not writable, held by another kvstore,
+  // damaged beyond recovery).
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const Options& options);
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
