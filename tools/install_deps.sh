@@ -12,7 +12,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libibverbs-dev librdmacm-dev
-  libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev
+  libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev librocksdb-dev
   gnuplot-nox prometheus
   ccache clang openssl
 )

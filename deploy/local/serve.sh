@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The local cluster of `make serve`: two ringlane-worker ranks as one TP2
-# group and a ringlane-router in front of them, all on loopback: the
+# group, a ringlane-kvstore beside them (DRAM tier plus a disk tier in
+# $KVSTORE_DIR, on $KVSTORE_LISTEN, 127.0.0.1:50071; the router does not use
+# it yet) and a ringlane-router in front of them, all on loopback: the
 # OpenAI-compatible API on http://$HTTP_LISTEN/v1 (127.0.0.1:8080, printed as
 # the base URL) and the gRPC Generate API on $ROUTER_LISTEN (127.0.0.1:50051).
 # With PROMPT it runs the
@@ -11,7 +13,8 @@
 # (made on the first run; TLS=off for plaintext).
 #
 #   deploy/local/serve.sh [PROMPT]
-#   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, LOGS, CERTS, TLS from the env)
+#   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, KVSTORE_LISTEN, KVSTORE_DIR,
+#    LOGS, CERTS, TLS from the env)
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -24,9 +27,12 @@ PROMPT=${1:-}
 LOGS=${LOGS:-$BUILD/serve}
 WORKER="$BUILD/worker/ringlane-worker"
 ROUTER="$BUILD/router/ringlane-router"
+KVSTORE="$BUILD/kvstore/ringlane-kvstore"
+KVSTORE_LISTEN=${KVSTORE_LISTEN:-127.0.0.1:50071}
 CLIENT="$BUILD/tools/ringlane-generate-client"
 CERTS=${CERTS:-$BUILD/certs}
 TLS=${TLS:-on}
+KVSTORE_DIR=${KVSTORE_DIR:-$LOGS/kvstore}
 mkdir -p "$LOGS"
 
 tls=()
@@ -62,25 +68,33 @@ listening() {
   return 1
 }
 
+# The kvstore first: the workers will offload to it once they can (issue 14).
+"$KVSTORE" --listen="$KVSTORE_LISTEN" --metrics_port=0 --disk_dir="$KVSTORE_DIR" \
+  --dram_bytes=$((256 << 20)) --disk_bytes=$((2 << 30)) "${tls[@]}" \
+  >"$LOGS/kvstore.out" 2>"$LOGS/kvstore.log" &
+pids+=($!)
+kvstore=$(listening "$LOGS/kvstore.out" "${pids[0]}" kvstore)
+
 # Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
 common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0
   "${tls[@]}")
 "$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
   >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
 pids+=($!)
-rank0=$(listening "$LOGS/rank0.out" "${pids[0]}" worker)
+rank0=$(listening "$LOGS/rank0.out" "${pids[1]}" worker)
 "$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" --listen="127.0.0.1:${PORT1:-50062}" \
   >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
 pids+=($!)
-rank1=$(listening "$LOGS/rank1.out" "${pids[1]}" worker)
+rank1=$(listening "$LOGS/rank1.out" "${pids[2]}" worker)
 "$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
   --http_listen="$HTTP_LISTEN" "${tls[@]}" \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
-router=$(listening "$LOGS/router.out" "${pids[2]}" router)
-http=$(listening "$LOGS/router.out" "${pids[2]}" http)
+router=$(listening "$LOGS/router.out" "${pids[3]}" router)
+http=$(listening "$LOGS/router.out" "${pids[3]}" http)
 model=stories260K
 echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
+echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; not used by the router yet)" >&2
 echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
 echo "http://$http/v1"
 echo "serve: try  curl http://$http/v1/completions -H 'Content-Type: application/json' \\" >&2
@@ -96,4 +110,4 @@ elif [ -t 0 ]; then
   "$CLIENT" --router="$router" || true
 fi
 echo "serve: serving at $router until Ctrl-C" >&2
-wait "${pids[2]}"
+wait "${pids[3]}"

@@ -19,6 +19,7 @@ TOKENIZER=${TOKENIZER:-$ROOT/deploy/models/stories260K/tok512.bin}
 THREADS=${THREADS:-1}  # per rank
 WORKER="$BUILD/worker/ringlane-worker"
 ROUTER="$BUILD/router/ringlane-router"
+KVSTORE="$BUILD/kvstore/ringlane-kvstore"
 LOGS="$BUILD/openai_client_test"
 
 die() { echo "openai_client: $*" >&2; exit 1; }
@@ -31,8 +32,8 @@ command -v npm >/dev/null 2>&1 ||
   die "npm not found: run tools/install_deps.sh (installs nodejs and npm)"
 node_major=$(node -p 'process.versions.node.split(".")[0]')
 [ "$node_major" -ge 18 ] || die "node $(node --version) is too old (the openai client needs 20+)"
-for b in "$WORKER" "$ROUTER"; do
-  [ -x "$b" ] || die "$b not built (cmake --build $BUILD --target ringlane-worker ringlane-router)"
+for b in "$WORKER" "$ROUTER" "$KVSTORE"; do
+  [ -x "$b" ] || die "$b not built (cmake --build $BUILD --target ringlane-worker ringlane-router ringlane-kvstore)"
 done
 
 # The client, as pinned by package-lock.json. npm ci refreshes
@@ -57,7 +58,7 @@ trap 'exit 130' INT TERM
 
 # The cluster of `make serve` on free ports; it prints the base URL first.
 (cd "$ROOT" && BUILD="$BUILD" MODEL="$MODEL" TOKENIZER="$TOKENIZER" THREADS="$THREADS" \
-  LOGS="$LOGS" PORT0=0 PORT1=0 ROUTER_LISTEN=127.0.0.1:0 HTTP_LISTEN=127.0.0.1:0 \
+  LOGS="$LOGS" PORT0=0 PORT1=0 ROUTER_LISTEN=127.0.0.1:0 HTTP_LISTEN=127.0.0.1:0 KVSTORE_LISTEN=127.0.0.1:0 \
   exec deploy/local/serve.sh </dev/null >"$LOGS/serve.out" 2>"$LOGS/serve.log") &
 pids+=($!)
 base=""

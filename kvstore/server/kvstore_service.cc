@@ -1,0 +1,208 @@
+#include "kvstore/server/kvstore_service.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kvstore/block_key.h"
+#include "services/status_grpc.h"
+
+namespace ringlane::kvstore {
+
+// Holds one of max_concurrent_calls for the life of a handler.
+class KvStoreService::CallSlot {
+ public:
+  explicit CallSlot(KvStoreService* s) : s_(s) {
+    ok_ = s_->active_calls_.fetch_add(1, std::memory_order_acq_rel) <
+          s_->limits_.max_concurrent_calls;
+    if (!ok_) s_->rejected_busy_.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~CallSlot() { s_->active_calls_.fetch_sub(1, std::memory_order_acq_rel); }
+  bool ok() const { return ok_; }
+  grpc::Status Busy() const {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("more than ", s_->limits_.max_concurrent_calls, " kvstore calls at once"));
+  }
+
+ private:
+  KvStoreService* const s_;
+  bool ok_ = false;
+};
+
+KvStoreService::KvStoreService(Store* store, const ServiceLimits& limits)
+    : store_(store), limits_(limits) {}
+
+grpc::Status KvStoreService::Invalid(const absl::Status& s) {
+  rejected_invalid_.fetch_add(1, std::memory_order_relaxed);
+  return services::ToGrpcStatus(s);
+}
+
+grpc::Status KvStoreService::CheckKeys(
+    const google::protobuf::RepeatedPtrField<v1::BlockKey>& keys) {
+  if (keys.size() > limits_.max_keys_per_request) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat(
+        keys.size(), " keys in one request (at most ", limits_.max_keys_per_request, ")")));
+  }
+  for (int i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = ValidateKey(keys[i]); !s.ok()) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat("keys[", i, "]: ", s.message())));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::Put(grpc::ServerContext* ctx,
+                                 grpc::ServerReader<v1::KvBlockChunk>* reader,
+                                 v1::PutResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  auto invalid = [this](const std::string& msg) {
+    return Invalid(absl::InvalidArgumentError(msg));
+  };
+  // The block being received: nothing of it is in the store until its last
+  // chunk arrived and its checksum matched (the first phase lives only in
+  // this handler's memory, so a broken stream or a crash leaves nothing).
+  std::string key;  // encoded; empty between blocks
+  std::string payload;
+  int64_t total = 0;
+  uint64_t sum = 0;
+  int blocks = 0;
+  int already = 0;
+  int64_t bytes = 0;
+  v1::KvBlockChunk c;
+  while (reader->Read(&c)) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    if (absl::Status s = ValidateKey(c.key()); !s.ok()) {
+      return invalid(absl::StrCat("block ", blocks, ": ", s.message()));
+    }
+    if (c.total_bytes() < 1 || c.total_bytes() > limits_.max_block_bytes) {
+      return invalid(absl::StrCat("block ", blocks, ": total_bytes ", c.total_bytes(), " (1..",
+                                  limits_.max_block_bytes, ")"));
+    }
+    const int64_t n = static_cast<int64_t>(c.data().size());
+    if (n < 1 || n > limits_.max_chunk_bytes) {
+      return invalid(absl::StrCat("block ", blocks, ": chunk of ", n, " bytes (1..",
+                                  limits_.max_chunk_bytes, ")"));
+    }
+    std::string k = EncodeKey(c.key());
+    if (key.empty()) {
+      if (c.offset_bytes() != 0) {
+        return invalid(absl::StrCat("block ", blocks, " starts at offset ", c.offset_bytes()));
+      }
+      key = std::move(k);
+      total = c.total_bytes();
+      sum = c.payload_xxh64();
+      payload.clear();
+      payload.shrink_to_fit();
+    } else if (k != key || c.total_bytes() != total || c.payload_xxh64() != sum ||
+               c.offset_bytes() != static_cast<int64_t>(payload.size())) {
+      return invalid(absl::StrCat("block ", blocks, ": a chunk at offset ", c.offset_bytes(),
+                                  " does not continue it at ", payload.size(),
+                                  " (chunks of a block in order, same key, size and checksum)"));
+    }
+    if (static_cast<int64_t>(payload.size()) + n > total) {
+      return invalid(absl::StrCat("block ", blocks, ": more data than its ", total, " bytes"));
+    }
+    payload += c.data();
+    if (static_cast<int64_t>(payload.size()) < total) continue;
+    // Growth by appending may have left up to twice the size allocated;
+    // the store keeps the block for long, so keep only what it needs.
+    payload.shrink_to_fit();
+    auto shared = std::make_shared<const std::string>(std::move(payload));
+    payload = std::string();
+    bool was_stored = false;
+    absl::Status st = store_->Put(key, shared, sum, &was_stored);
+    if (st.code() == absl::StatusCode::kDataLoss) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          absl::StrCat("block ", blocks, ": payload checksum mismatch"));
+    }
+    if (!st.ok()) return services::ToGrpcStatus(st);
+    ++blocks;
+    if (was_stored) ++already;
+    bytes += total;
+    key.clear();
+  }
+  if (!key.empty()) {
+    return invalid(absl::StrCat("stream ended inside block ", blocks, " (", payload.size(), " of ",
+                                total, " bytes); nothing of it was stored"));
+  }
+  resp->set_num_blocks(blocks);
+  resp->set_total_bytes(bytes);
+  resp->set_num_already_stored(already);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::Get(grpc::ServerContext* ctx, const v1::GetRequest* req,
+                                 grpc::ServerWriter<v1::KvBlockChunk>* writer) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (grpc::Status s = CheckKeys(req->keys()); !s.ok()) return s;
+  if (req->max_chunk_bytes() < 0 || req->max_chunk_bytes() > limits_.max_chunk_bytes) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes ", req->max_chunk_bytes(), " (0..", limits_.max_chunk_bytes, ")")));
+  }
+  const int64_t chunk = req->max_chunk_bytes() > 0
+                            ? req->max_chunk_bytes()
+                            : std::min(kDefaultGetChunkBytes, limits_.max_chunk_bytes);
+  for (const v1::BlockKey& k : req->keys()) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    absl::StatusOr<Block> b = store_->Get(EncodeKey(k));
+    if (b.status().code() == absl::StatusCode::kNotFound) break;
+    if (!b.ok()) return services::ToGrpcStatus(b.status());
+    const std::string& p = *b->payload;
+    const int64_t size = static_cast<int64_t>(p.size());
+    for (int64_t off = 0; off < size; off += chunk) {
+      v1::KvBlockChunk c;
+      *c.mutable_key() = k;
+      c.set_offset_bytes(off);
+      c.set_total_bytes(size);
+      c.set_data(p.data() + off, static_cast<size_t>(std::min(chunk, size - off)));
+      c.set_payload_xxh64(b->xxh64);
+      if (!writer->Write(c)) return grpc::Status::CANCELLED;
+    }
+    store_->CountBytesOut(size);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+                                    v1::LookupResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (grpc::Status s = CheckKeys(req->keys()); !s.ok()) return s;
+  bool leading = true;
+  int num_leading = 0;
+  for (const v1::BlockKey& k : req->keys()) {
+    const bool present = store_->Contains(EncodeKey(k));
+    resp->add_present(present);
+    leading = leading && present;
+    if (leading) ++num_leading;
+  }
+  resp->set_num_leading_present(num_leading);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::Stats(grpc::ServerContext* ctx, const v1::StatsRequest* req,
+                                   v1::StatsResponse* resp) {
+  *resp = store_->Stats();
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::DeleteModel(grpc::ServerContext* ctx,
+                                         const v1::DeleteModelRequest* req,
+                                         v1::DeleteModelResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (req->model_id().empty() || req->model_id().size() > kMaxModelIdBytes) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat("model_id of ", req->model_id().size(),
+                                                           " bytes (1..", kMaxModelIdBytes, ")")));
+  }
+  absl::StatusOr<v1::DeleteModelResponse> r = store_->DeleteModel(req->model_id());
+  if (!r.ok()) return services::ToGrpcStatus(r.status());
+  *resp = *r;
+  return grpc::Status::OK;
+}
+
+}  // namespace ringlane::kvstore
