@@ -24,6 +24,7 @@
 #include "prometheus/registry.h"
 #include "services/flags_util.h"
 #include "services/grpc_security.h"
+#include "services/kvstore_client.h"
 #include "services/log.h"
 #include "services/signals.h"
 #include "worker/backend/factory.h"
@@ -84,6 +85,14 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(bool, allow_plaintext, false,
           "serve a non-loopback --listen without TLS (anyone who reaches it can run rounds and "
           "read or overwrite KV blocks)");
+
+ABSL_FLAG(std::string, kvstore, "",
+          "host:port of this node's ringlane-kvstore: blocks the router offloads go there and "
+          "restores come from there (empty: no kvstore)");
+ABSL_FLAG(int, kvstore_deadline_ms, 300,
+          "deadline of every kvstore call; a slower store counts as down for that call");
+ABSL_FLAG(int, kvstore_queue_mb, 256,
+          "payload MiB of offloaded blocks waiting for upload; beyond it new ones are dropped");
 
 namespace {
 
@@ -215,6 +224,21 @@ int main(int argc, char** argv) {
                          {"--drain_timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms)}}) {
     if (v < 1) ExitWithUsageError(absl::StrCat(name, " must be positive"));
   }
+  const std::string kvstore_address = absl::GetFlag(FLAGS_kvstore);
+  if (!kvstore_address.empty()) {
+    if (auto hp = rs::ParseHostPort(kvstore_address); !hp.ok() || hp->second == 0) {
+      ExitWithUsageError(
+          absl::StrCat("--kvstore: '", kvstore_address, "' is not host:port with a non-zero port"));
+    }
+  }
+  const int kvstore_deadline_ms = absl::GetFlag(FLAGS_kvstore_deadline_ms);
+  if (kvstore_deadline_ms < 1 || kvstore_deadline_ms > 60000) {
+    ExitWithUsageError("--kvstore_deadline_ms must be in [1, 60000]");
+  }
+  const int kvstore_queue_mb = absl::GetFlag(FLAGS_kvstore_queue_mb);
+  if (kvstore_queue_mb < 0 || kvstore_queue_mb > (1 << 20)) {
+    ExitWithUsageError("--kvstore_queue_mb must be in [0, 1048576]");
+  }
   rs::SetLogComponent(absl::StrCat("worker/", group_name, "/r", rank));
 
   // The model: the whole file is mapped; the shard views only its part, so
@@ -299,7 +323,24 @@ int main(int argc, char** argv) {
   id.group = group_name;
   id.rank = rank;
   id.world_size = world;
-  rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics);
+  id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
+  // The store is reached lazily (a channel connects on first use), so a
+  // kvstore that starts after the worker, or restarts, is used once it is up.
+  std::unique_ptr<rw::KvStoreLink> kvstore;
+  if (!kvstore_address.empty()) {
+    rs::KvStoreClientOptions ko;
+    ko.deadline = std::chrono::milliseconds(kvstore_deadline_ms);
+    ko.max_block_bytes = std::max<int64_t>(block_bytes, 1);
+    rw::KvStoreLinkOptions lo;
+    lo.max_queued_bytes = static_cast<size_t>(kvstore_queue_mb) << 20;
+    kvstore = std::make_unique<rw::KvStoreLink>(rs::KvStoreClient::Connect(kvstore_address, ko), lo,
+                                                &metrics);
+    id.kvstore_address = kvstore_address;
+    RL_LOG(INFO) << "kvstore at " << kvstore_address << " (deadline " << kvstore_deadline_ms
+                 << " ms, upload queue " << kvstore_queue_mb << " MiB)";
+  }
+  rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics,
+                            kvstore.get());
   rw::RendezvousService rendezvous_service;
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -94,6 +94,54 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                  .Register(r);
   kv_blocks_exported = &kv.Add(with({{"direction", "export"}}));
   kv_blocks_imported = &kv.Add(with({{"direction", "import"}}));
+  auto& off = prometheus::BuildCounter()
+                  .Name("ringlane_worker_kvstore_offload_blocks_total")
+                  .Help(
+                      "Blocks the router asked to offload, by outcome: stored (or already "
+                      "there), dropped (upload queue full), failed (store down or refused)")
+                  .Register(r);
+  kvstore_offload_stored = &off.Add(with({{"outcome", "stored"}}));
+  kvstore_offload_dropped = &off.Add(with({{"outcome", "dropped"}}));
+  kvstore_offload_failed = &off.Add(with({{"outcome", "failed"}}));
+  kvstore_blocks_restored = &prometheus::BuildCounter()
+                                 .Name("ringlane_worker_kvstore_restored_blocks_total")
+                                 .Help("Blocks read from the kvstore into the pool")
+                                 .Register(r)
+                                 .Add(l);
+  auto& stop = prometheus::BuildCounter()
+                   .Name("ringlane_worker_kvstore_restore_stops_total")
+                   .Help(
+                       "Restores that ended before the last block asked for: miss (not "
+                       "stored), error (store down, slow past the deadline, or a block failed "
+                       "its checksum)")
+                   .Register(r);
+  kvstore_restore_stopped_miss = &stop.Add(with({{"reason", "miss"}}));
+  kvstore_restore_stopped_error = &stop.Add(with({{"reason", "error"}}));
+  kvstore_checksum_failures = &prometheus::BuildCounter()
+                                   .Name("ringlane_worker_kvstore_checksum_failures_total")
+                                   .Help(
+                                       "Blocks from the kvstore that failed verification "
+                                       "(never written into the pool)")
+                                   .Register(r)
+                                   .Add(l);
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("ringlane_worker_kvstore_bytes_total")
+                    .Help("Payload bytes moved to (out) and from (in) the kvstore")
+                    .Register(r);
+  kvstore_bytes_out = &bytes.Add(with({{"direction", "out"}}));
+  kvstore_bytes_in = &bytes.Add(with({{"direction", "in"}}));
+  kvstore_queued_bytes = &prometheus::BuildGauge()
+                              .Name("ringlane_worker_kvstore_queued_bytes")
+                              .Help("Offloaded payload bytes waiting to be uploaded")
+                              .Register(r)
+                              .Add(l);
+  kvstore_up = &prometheus::BuildGauge()
+                    .Name("ringlane_worker_kvstore_up")
+                    .Help(
+                        "1 when the last call to the kvstore succeeded, 0 after a failure "
+                        "(no kvstore configured: 0)")
+                    .Register(r)
+                    .Add(l);
 }
 
 }  // namespace ringlane::worker

@@ -33,6 +33,20 @@ struct WorkerMetrics {
   prometheus::Gauge* kv_pool_blocks;
   prometheus::Counter* kv_blocks_exported;
   prometheus::Counter* kv_blocks_imported;
+  // The kvstore link (kv_offload.h): blocks offloaded by outcome, blocks
+  // restored, restores that stopped early by reason, bytes each way, the
+  // upload queue, and whether the last call to the store succeeded.
+  prometheus::Counter* kvstore_offload_stored;
+  prometheus::Counter* kvstore_offload_dropped;  // queue full
+  prometheus::Counter* kvstore_offload_failed;   // the store refused or was unreachable
+  prometheus::Counter* kvstore_blocks_restored;
+  prometheus::Counter* kvstore_restore_stopped_miss;
+  prometheus::Counter* kvstore_restore_stopped_error;
+  prometheus::Counter* kvstore_checksum_failures;
+  prometheus::Counter* kvstore_bytes_out;
+  prometheus::Counter* kvstore_bytes_in;
+  prometheus::Gauge* kvstore_queued_bytes;
+  prometheus::Gauge* kvstore_up;
 };
 
 }  // namespace ringlane::worker

@@ -22,6 +22,7 @@ namespace v1 = ringlane::v1;
 namespace {
 
 constexpr int kDefaultChunkBytes = 1 << 20;
+constexpr size_t kPrefixHashBytes = 16;  // BlockKey.prefix_hash
 // How long a new Rounds stream waits for the one still open to end.
 constexpr std::chrono::seconds kStreamTakeoverWait{10};
 
@@ -44,14 +45,15 @@ v1::DType ToProto(DType t) {
 WorkerService::WorkerService(GroupMember* group, const ModelConfig& config,
                              const KvPoolSpec& kv_pool, int64_t kv_block_bytes,
                              std::vector<LayerCacheSpec> layer_caches, WorkerIdentity id,
-                             WorkerMetrics* metrics)
+                             WorkerMetrics* metrics, KvStoreLink* kvstore)
     : group_(group),
       config_(config),
       kv_pool_(kv_pool),
       kv_block_bytes_(kv_block_bytes),
       layer_caches_(std::move(layer_caches)),
       id_(std::move(id)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      kvstore_(kvstore) {}
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
                                     v1::WorkerInfo* info) {
@@ -81,6 +83,8 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   // request up front instead of learning them from a rejected round.
   info->mutable_limits()->set_max_top_logprobs(kMaxTopLogprobs);
   info->mutable_limits()->set_max_abs_penalty(kMaxAbsPenalty);
+  info->set_kvstore_address(kvstore_ != nullptr ? id_.kvstore_address : "");
+  info->set_kv_layout_fingerprint(id_.kv_layout_fingerprint);
   GroupMember::State s = group_->state();
   info->set_group(id_.group);
   info->set_group_epoch(s.ready ? s.epoch : 0);
@@ -127,6 +131,7 @@ grpc::Status WorkerService::Rounds(
       end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is draining");
       break;
     }
+    if (plan.offloads_size() > 0) Offload(plan);
     absl::StatusOr<StepLoop::RoundOutcome> outcome = steps.RunRound(*epoch, &exec, plan, arrived);
     if (!outcome.ok()) {
       end = services::ToGrpcStatus(outcome.status());
@@ -184,7 +189,102 @@ v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash) const {
   k.set_tp_world_size(id_.world_size);
   k.set_kv_dtype(ToProto(kv_pool_.dtype));
   k.set_block_size_tokens(kv_pool_.block_size);
+  k.set_layout_fingerprint(id_.kv_layout_fingerprint);
   return k;
+}
+
+void WorkerService::Offload(const v1::RoundPlan& plan) {
+  if (kvstore_ == nullptr) return;
+  std::vector<uint8_t> payload;
+  for (const v1::KvBlockRef& ref : plan.offloads()) {
+    // A bad entry costs only its own upload: the forward pass does not read
+    // offloads, so ranks need not agree on them.
+    if (ref.prefix_hash().size() != kPrefixHashBytes) continue;
+    if (!group_->steps().ExportBlock(ref.block_id(), &payload, nullptr).ok()) continue;
+    const uint64_t sum = XXH64(payload.data(), payload.size(), 0);
+    if (metrics_) metrics_->kv_blocks_exported->Increment();
+    kvstore_->Offload(KeyFor(ref.prefix_hash()),
+                      std::string(reinterpret_cast<const char*>(payload.data()), payload.size()),
+                      sum);
+  }
+}
+
+grpc::Status WorkerService::RestoreKvBlocks(grpc::ServerContext* ctx,
+                                            const v1::RestoreKvBlocksRequest* req,
+                                            v1::RestoreKvBlocksResponse* resp) {
+  if (kvstore_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no kvstore");
+  }
+  if (req->blocks_size() > kv_pool_.num_blocks) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat(req->blocks_size(), " blocks to restore; the pool has ", kv_pool_.num_blocks));
+  }
+  std::vector<v1::BlockKey> keys;
+  keys.reserve(static_cast<size_t>(req->blocks_size()));
+  for (int i = 0; i < req->blocks_size(); ++i) {
+    const v1::KvBlockRef& ref = req->blocks(i);
+    if (ref.block_id() < 0 || ref.block_id() >= kv_pool_.num_blocks) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("blocks[", i, "]: block id ", ref.block_id(),
+                                       " outside the pool [0, ", kv_pool_.num_blocks, ")"));
+    }
+    if (ref.prefix_hash().size() != kPrefixHashBytes) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("blocks[", i, "]: prefix_hash of ", ref.prefix_hash().size(),
+                                       " bytes, expected ", kPrefixHashBytes));
+    }
+    keys.push_back(KeyFor(ref.prefix_hash()));
+  }
+  absl::StatusOr<services::KvGetResult> got = kvstore_->Fetch(keys);
+  int restored = 0;
+  std::string stopped;
+  bool miss = false;
+  if (!got.ok()) {
+    stopped = absl::StrCat("kvstore: ", got.status().message());
+  } else {
+    const StepLoop::CancelledFn cancelled = [ctx] { return ctx->IsCancelled(); };
+    for (const services::KvStoredBlock& b : got->blocks) {
+      if (static_cast<int64_t>(b.payload.size()) != kv_block_bytes_) {
+        stopped = absl::StrCat("stored block of ", b.payload.size(), " bytes, this rank's are ",
+                               kv_block_bytes_);
+        break;
+      }
+      absl::Status st = group_->steps().ImportBlock(
+          req->blocks(restored).block_id(),
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.payload.data()), b.payload.size()),
+          cancelled);
+      if (!st.ok()) {
+        stopped = absl::StrCat("import: ", st.message());
+        break;
+      }
+      ++restored;
+    }
+    if (stopped.empty() && restored < req->blocks_size()) {
+      miss = got->stopped.ok();
+      stopped = miss ? "not stored" : absl::StrCat("kvstore: ", got->stopped.message());
+    }
+  }
+  if (metrics_) {
+    metrics_->kvstore_blocks_restored->Increment(restored);
+    metrics_->kv_blocks_imported->Increment(restored);
+    if (restored < req->blocks_size()) {
+      (miss ? metrics_->kvstore_restore_stopped_miss : metrics_->kvstore_restore_stopped_error)
+          ->Increment();
+    }
+  }
+  resp->set_num_restored(restored);
+  resp->set_stopped(stopped);
+  return grpc::Status::OK;
+}
+
+uint64_t KvLayoutFingerprint(const std::string& backend,
+                             const std::vector<LayerCacheSpec>& caches) {
+  std::string desc = absl::StrCat("ringlane-kv-layout-v1;", backend);
+  for (const LayerCacheSpec& c : caches) {
+    absl::StrAppend(&desc, ";", static_cast<int>(c.kind), ",", c.kv_heads, ",", c.head_dim);
+  }
+  return XXH64(desc.data(), desc.size(), 0);
 }
 
 grpc::Status WorkerService::ExportKvBlocks(grpc::ServerContext* ctx,

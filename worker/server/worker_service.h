@@ -15,6 +15,7 @@
 
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "worker/server/group.h"
+#include "worker/server/kv_offload.h"
 #include "worker/server/worker_metrics.h"
 
 namespace ringlane::worker {
@@ -26,16 +27,26 @@ struct WorkerIdentity {
   std::string group;
   int rank = 0;
   int world_size = 1;
+  // The kvstore this rank uses ("" when none) and its blocks' layout
+  // fingerprint (KvLayoutFingerprint), advertised and put in every key.
+  std::string kvstore_address;
+  uint64_t kv_layout_fingerprint = 0;
 };
+
+// What shapes a block's bytes beyond the fields of BlockKey: the backend and
+// every layer's cache kind and geometry, under a layout version. Equal
+// fingerprints mean payloads that can be exchanged.
+uint64_t KvLayoutFingerprint(const std::string& backend, const std::vector<LayerCacheSpec>& caches);
 
 class WorkerService final : public ringlane::v1::Worker::Service {
  public:
-  // `group` and `metrics` (optional) are not owned and must outlive the service.
+  // `group`, `metrics` and `kvstore` (both optional) are not owned and must
+  // outlive the service.
   // `layer_caches` is what this rank's backend keeps per layer
   // (backend/factory.h LayerCaches), advertised in GetInfo.
   WorkerService(GroupMember* group, const ModelConfig& config, const KvPoolSpec& kv_pool,
                 int64_t kv_block_bytes, std::vector<LayerCacheSpec> layer_caches, WorkerIdentity id,
-                WorkerMetrics* metrics);
+                WorkerMetrics* metrics, KvStoreLink* kvstore = nullptr);
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const ringlane::v1::GetInfoRequest* req,
                        ringlane::v1::WorkerInfo* info) override;
@@ -48,6 +59,9 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   grpc::Status ImportKvBlocks(grpc::ServerContext* ctx,
                               grpc::ServerReader<ringlane::v1::KvBlockChunk>* reader,
                               ringlane::v1::ImportKvBlocksResponse* resp) override;
+  grpc::Status RestoreKvBlocks(grpc::ServerContext* ctx,
+                               const ringlane::v1::RestoreKvBlocksRequest* req,
+                               ringlane::v1::RestoreKvBlocksResponse* resp) override;
 
   // Refuses new Rounds streams and ends the open one after its plan in
   // progress (drain on SIGTERM).
@@ -55,6 +69,9 @@ class WorkerService final : public ringlane::v1::Worker::Service {
 
  private:
   ringlane::v1::BlockKey KeyFor(const std::string& prefix_hash) const;
+  // Copies the plan's offload blocks out of the pool (ordered before its
+  // round) and queues them for upload.
+  void Offload(const ringlane::v1::RoundPlan& plan);
 
   GroupMember* const group_;
   const ModelConfig config_;
@@ -63,6 +80,7 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   const std::vector<LayerCacheSpec> layer_caches_;
   const WorkerIdentity id_;
   WorkerMetrics* const metrics_;
+  KvStoreLink* const kvstore_;
   std::atomic<bool> stream_open_{false};
   std::atomic<bool> draining_{false};
 };

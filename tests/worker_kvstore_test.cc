@@ -1,0 +1,149 @@
+// Workers with a kvstore (issue 14): blocks a plan offloads reach the store
+// under each rank's key, and RestoreKvBlocks brings them back into another
+// group's pool at other block ids, where decoding goes on with the same
+// tokens and log-probabilities as where they were computed. A store that is
+// frozen or lacks the blocks costs a restore of 0 blocks within the deadline,
+// never an error of the round or a hang.
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ringlane/v1/worker.grpc.pb.h"
+#include "tests/support/cluster.h"
+#include "tests/support/kvstore.h"
+#include "tests/support/lane_runner.h"
+#include "tests/support/worker_rpc.h"
+
+namespace ringlane {
+namespace {
+
+namespace v1 = ringlane::v1;
+using testing::ConnectGroup;
+using ::testing::HasSubstr;
+using testing::StartGroup;
+using testing::WorkerGroup;
+
+std::string Hash(char c) { return std::string(16, c); }
+
+v1::RestoreKvBlocksRequest Restore(const std::vector<std::pair<int32_t, char>>& blocks) {
+  v1::RestoreKvBlocksRequest r;
+  for (auto [id, c] : blocks) {
+    v1::KvBlockRef* b = r.add_blocks();
+    b->set_block_id(id);
+    b->set_prefix_hash(Hash(c));
+  }
+  return r;
+}
+
+grpc::Status CallRestore(const std::string& address, const v1::RestoreKvBlocksRequest& req,
+                         v1::RestoreKvBlocksResponse* resp) {
+  auto stub = testing::WorkerStub(address);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  return stub->RestoreKvBlocks(&ctx, req, resp);
+}
+
+TEST(WorkerKvstoreTest, OffloadedBlocksRestoreIntoAnotherGroupAndDecodeTheSame) {
+  auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
+  ASSERT_NE(kv, nullptr);
+  const std::vector<std::string> flags = {"--kv_blocks=16", "--block_size=16",
+                                          "--kvstore=" + kv->address("kvstore")};
+  WorkerGroup a = StartGroup(2, flags);
+  WorkerGroup b = StartGroup(2, flags);
+  auto ca = ConnectGroup(a);
+  auto cb = ConnectGroup(b);
+  ASSERT_TRUE(ca && cb);
+  EXPECT_EQ(ca->info().kvstore_address(), kv->address("kvstore"));
+  EXPECT_NE(ca->info().kv_layout_fingerprint(), 0u);
+
+  const testing::GoldenCase& gold = testing::GoldenCases()[3];  // one-token prompt, 200 generated
+  std::vector<int32_t> prompt = gold.prompt;
+  prompt.insert(prompt.end(), gold.ids.begin(), gold.ids.begin() + 40);
+  auto ra = ca->Run(testing::OneRowPlan(1, 0, prompt, {0, 1, 2}));
+  ASSERT_TRUE(ra.ok() && ra->error().code() == 0);
+  ASSERT_EQ(ra->outputs(0).tokens(0).token_id(), gold.ids[40]);
+
+  // The next plan offloads the two full blocks (and overwrites block 0 in
+  // its own row: the copy is taken before the forward pass).
+  v1::RoundPlan next = testing::OneRowPlan(2, 0, {1, 2, 3}, {0});
+  for (auto [id, c] : {std::pair{0, 'x'}, {1, 'y'}}) {
+    v1::KvBlockRef* o = next.add_offloads();
+    o->set_block_id(id);
+    o->set_prefix_hash(Hash(c));
+  }
+  auto rn = ca->Run(next);
+  ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
+  auto client = testing::KvClient(*kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = client->Stats();
+    return s.ok() && s->blocks_stored() == 4;  // 2 blocks x 2 ranks
+  })) << "the offloads never reached the store";
+
+  // Into group B at other ids, each rank from its own keys.
+  for (int r = 0; r < 2; ++r) {
+    v1::RestoreKvBlocksResponse resp;
+    grpc::Status st =
+        CallRestore(b.rank(r).address(), Restore({{9, 'x'}, {4, 'y'}, {5, 'z'}}), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.num_restored(), 2) << "rank " << r << ": " << resp.stopped();
+    EXPECT_EQ(resp.stopped(), "not stored");  // 'z' never was
+  }
+  std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
+  auto rb = cb->Run(testing::OneRowPlan(1, 32, rest, {9, 4, 5}));
+  ASSERT_TRUE(rb.ok() && rb->error().code() == 0) << rb->error().message();
+  EXPECT_EQ(rb->outputs(0).tokens(0).token_id(), gold.ids[40]);
+  EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
+
+  // The metrics say what moved.
+  const std::string m = testing::ScrapeMetrics(*kv);
+  EXPECT_THAT(m, HasSubstr("ringlane_kvstore"));
+}
+
+TEST(WorkerKvstoreTest, RestoreFailsOpenAndRefusesBadRequests) {
+  auto kv = testing::StartKvstore({});
+  ASSERT_NE(kv, nullptr);
+  WorkerGroup g = StartGroup(1, {"--kv_blocks=8", "--block_size=16", "--kvstore_deadline_ms=300",
+                                 "--kvstore=" + kv->address("kvstore")});
+  WorkerGroup none = StartGroup(1, {"--kv_blocks=8", "--block_size=16"});
+  ASSERT_TRUE(ConnectGroup(g) && ConnectGroup(none));
+  v1::RestoreKvBlocksResponse resp;
+  EXPECT_EQ(CallRestore(none.rank(0).address(), Restore({{0, 'a'}}), &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(CallRestore(g.rank(0).address(), Restore({{8, 'a'}}), &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::RestoreKvBlocksRequest short_hash = Restore({{0, 'a'}});
+  short_hash.mutable_blocks(0)->set_prefix_hash("abc");
+  EXPECT_EQ(CallRestore(g.rank(0).address(), short_hash, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Nothing stored: 0, at once.
+  ASSERT_TRUE(CallRestore(g.rank(0).address(), Restore({{0, 'a'}, {1, 'b'}}), &resp).ok());
+  EXPECT_EQ(resp.num_restored(), 0);
+  EXPECT_EQ(resp.stopped(), "not stored");
+
+  // A frozen store: 0 within a few deadlines, and rounds go on meanwhile.
+  ASSERT_EQ(kill(kv->pid(), SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(CallRestore(g.rank(0).address(), Restore({{0, 'a'}}), &resp).ok());
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(resp.num_restored(), 0);
+  EXPECT_THAT(resp.stopped(), HasSubstr("kvstore"));
+  EXPECT_LT(took, std::chrono::milliseconds(900)) << "restore waited past 3 deadlines";
+  auto c = ConnectGroup(g);
+  ASSERT_NE(c, nullptr);
+  v1::RoundPlan plan = testing::OneRowPlan(1, 0, {1, 2, 3}, {0});
+  v1::KvBlockRef* o = plan.add_offloads();  // queued for upload; the round does not wait
+  o->set_block_id(0);
+  o->set_prefix_hash(Hash('q'));
+  auto r = c->Run(plan);
+  EXPECT_TRUE(r.ok() && r->error().code() == 0);
+  kill(kv->pid(), SIGCONT);
+}
+
+}  // namespace
+}  // namespace ringlane
