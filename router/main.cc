@@ -62,6 +62,17 @@ ABSL_FLAG(int, max_tokens_default, 0,
 ABSL_FLAG(int, pipeline_depth, 2,
           "rounds of one group in flight at once: 2 sends the next round while the workers run "
           "the previous one, 1 plans each round after the previous result");
+ABSL_FLAG(bool, kvstore_offload, true,
+          "where the workers have a kvstore (their --kvstore), copy every full KV block there "
+          "once its KV is final, so that an evicted or preempted prefix comes back without "
+          "recomputation");
+ABSL_FLAG(bool, kvstore_restore, true,
+          "before admitting a prompt, bring its uncached full blocks back from the workers' "
+          "kvstores");
+ABSL_FLAG(int, kvstore_restore_deadline_ms, 1000,
+          "longest wait for the ranks to restore one prompt's blocks; past it the prompt is "
+          "prefilled as usual");
+ABSL_FLAG(int, kvstore_max_offloads_per_round, 64, "offloaded blocks one round carries at most");
 ABSL_FLAG(std::string, round_log, "",
           "append every round sent (lanes, row kinds, tokens fed, budget) to this file as JSON "
           "lines; for tests and traces");
@@ -235,6 +246,10 @@ int main(int argc, char** argv) {
       Range("max_request_id_bytes", absl::GetFlag(FLAGS_max_request_id_bytes), 8, 4096),
       Range("max_session_id_bytes", absl::GetFlag(FLAGS_max_session_id_bytes), 8, 65536),
       Range("max_stop_bytes", absl::GetFlag(FLAGS_max_stop_bytes), 1, 1 << 20),
+      Range("kvstore_restore_deadline_ms", absl::GetFlag(FLAGS_kvstore_restore_deadline_ms), 1,
+            60000),
+      Range("kvstore_max_offloads_per_round", absl::GetFlag(FLAGS_kvstore_max_offloads_per_round),
+            0, 100000),
   });
 
   rr::RouterOptions o;
@@ -282,6 +297,11 @@ int main(int argc, char** argv) {
   o.max_choices = absl::GetFlag(FLAGS_max_choices);
   o.max_tokens_default = absl::GetFlag(FLAGS_max_tokens_default);
   o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  o.kv_tiering.offload = absl::GetFlag(FLAGS_kvstore_offload);
+  o.kv_tiering.restore = absl::GetFlag(FLAGS_kvstore_restore);
+  o.kv_tiering.restore_deadline =
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_kvstore_restore_deadline_ms));
+  o.kv_tiering.max_offloads_per_round = absl::GetFlag(FLAGS_kvstore_max_offloads_per_round);
   o.round_deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_round_deadline_ms));
   o.round_log_path = absl::GetFlag(FLAGS_round_log);
   o.loop_watchdog.enabled = absl::GetFlag(FLAGS_loop_watchdog);

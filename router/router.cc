@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
     g.pipeline_depth = r->options_.pipeline_depth;
     g.connect_timeout = r->options_.connect_timeout;
     g.reconnect_pause = r->options_.reconnect_pause;
+    g.kv_tiering = r->options_.kv_tiering;
     GroupLoopHooks hooks;
     hooks.connect = r->options_.connect;
     if (!hooks.connect) {

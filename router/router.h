@@ -36,6 +36,7 @@
 #include "router/request/seed.h"
 #include "router/router_metrics.h"
 #include "router/sched/group_loop.h"
+#include "router/sched/kv_tiering.h"
 #include "router/tokenizer/tokenizer.h"
 
 namespace ringlane::router {
@@ -74,6 +75,8 @@ struct RouterOptions {
   // Rounds of one group in flight at once: 1 = plan after each result, 2 =
   // plan and send the next round while the workers run the previous one.
   int pipeline_depth = 2;
+  // The workers' kvstores, where they have one (sched/kv_tiering.h).
+  KvTieringOptions kv_tiering;
   // Longest wait for one round's results from every rank of a group; a rank
   // that misses it (frozen, partitioned) fails the group's lanes and the
   // group reconnects (WorkerGroupOptions::round_deadline).

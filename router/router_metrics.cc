@@ -58,6 +58,15 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                          "Round sent to its result received", r);
   round_tokens_ = &Reg(BuildHistogram(), "ringlane_round_tokens",
                        "Tokens fed per round (decode rows plus prefill chunks)", r);
+  kvstore_offloaded_ = &Reg(BuildCounter(), "ringlane_kvstore_offloaded_blocks_total",
+                            "KV blocks the plans asked the workers to copy to their kvstore", r);
+  kvstore_restores_ = &Reg(BuildCounter(), "ringlane_kvstore_restores_total",
+                           "Prompts whose uncached blocks were asked of the kvstore, by outcome "
+                           "(hit: at least one block came back)",
+                           r);
+  kvstore_restored_tokens_ =
+      &Reg(BuildCounter(), "ringlane_kvstore_restored_tokens_total",
+           "Prompt tokens whose KV came back from the kvstore instead of being prefilled", r);
   lanes_running_ =
       &Reg(BuildGauge(), "ringlane_lanes_running", "Lanes running on the worker group", r);
   lanes_waiting_ = &Reg(BuildGauge(), "ringlane_lanes_waiting", "Choices waiting for a lane", r);
@@ -106,6 +115,10 @@ GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group) {
   m.prefix_cache_hit_rate = &hit_rate_->Add(l);
   m.group_ready = &group_ready_->Add(l);
   m.group_epoch = &group_epoch_->Add(l);
+  m.kvstore_offloaded_blocks = &kvstore_offloaded_->Add(l);
+  m.kvstore_restores_hit = &kvstore_restores_->Add(with("outcome", "hit"));
+  m.kvstore_restores_miss = &kvstore_restores_->Add(with("outcome", "miss"));
+  m.kvstore_restored_tokens = &kvstore_restored_tokens_->Add(l);
   return m;
 }
 

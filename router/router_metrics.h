@@ -53,6 +53,13 @@ struct GroupMetrics {
   prometheus::Gauge* prefix_cache_hit_rate = nullptr;
   prometheus::Gauge* group_ready = nullptr;
   prometheus::Gauge* group_epoch = nullptr;
+  // The kvstore tier (sched/kv_tiering.h): blocks the plans offloaded,
+  // restores tried and their outcome, and the prompt tokens they brought
+  // back into the pool.
+  prometheus::Counter* kvstore_offloaded_blocks = nullptr;
+  prometheus::Counter* kvstore_restores_hit = nullptr;
+  prometheus::Counter* kvstore_restores_miss = nullptr;
+  prometheus::Counter* kvstore_restored_tokens = nullptr;
 };
 
 class RouterMetrics {
@@ -89,6 +96,9 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>* hit_rate_;
   prometheus::Family<prometheus::Gauge>* group_ready_;
   prometheus::Family<prometheus::Gauge>* group_epoch_;
+  prometheus::Family<prometheus::Counter>* kvstore_offloaded_;
+  prometheus::Family<prometheus::Counter>* kvstore_restores_;
+  prometheus::Family<prometheus::Counter>* kvstore_restored_tokens_;
 };
 
 }  // namespace ringlane::router

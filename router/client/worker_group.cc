@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "services/grpc_security.h"
+#include "services/log.h"
 #include "services/status_grpc.h"
 
 namespace ringlane::router {
@@ -331,6 +332,30 @@ absl::Status WorkerGroupClient::Check(std::chrono::milliseconds timeout) {
     }
   }
   return absl::OkStatus();
+}
+
+int WorkerGroupClient::RestoreKvBlocks(const v1::RestoreKvBlocksRequest& req,
+                                       std::chrono::milliseconds deadline) {
+  if (req.blocks_size() == 0) return 0;
+  std::vector<int> restored(ranks_.size(), 0);
+  std::vector<std::thread> calls;
+  calls.reserve(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    calls.emplace_back([&, r] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+      v1::RestoreKvBlocksResponse resp;
+      grpc::Status st = ranks_[r]->stub->RestoreKvBlocks(&ctx, req, &resp);
+      restored[r] = st.ok() ? resp.num_restored() : 0;
+      if (!st.ok() || resp.num_restored() < req.blocks_size()) {
+        RL_LOG(DEBUG) << Name(static_cast<int>(r)) << " restored " << restored[r] << " of "
+                      << req.blocks_size()
+                      << " blocks: " << (st.ok() ? resp.stopped() : st.error_message());
+      }
+    });
+  }
+  for (std::thread& t : calls) t.join();
+  return *std::min_element(restored.begin(), restored.end());
 }
 
 absl::Status WorkerGroupClient::Close() {

@@ -48,6 +48,18 @@ class WorkerGroup {
   // Whether every rank still serves the connected epoch (idle groups).
   virtual absl::Status Check(std::chrono::milliseconds timeout) = 0;
   virtual absl::Status Close() = 0;
+  // Has every rank restore `req`'s chain from its kvstore into its pool
+  // (Worker.RestoreKvBlocks), all ranks at once, and returns how many leading
+  // blocks every rank wrote: the minimum, 0 when a rank fails or misses
+  // `deadline`. Blocks past it hold garbage on some ranks. Safe to call from
+  // another thread than the one that sends and receives; the default (a
+  // group without kvstores) restores nothing.
+  virtual int RestoreKvBlocks(const ringlane::v1::RestoreKvBlocksRequest& req,
+                              std::chrono::milliseconds deadline) {
+    static_cast<void>(req);
+    static_cast<void>(deadline);
+    return 0;
+  }
 };
 
 struct WorkerGroupOptions {
@@ -97,6 +109,8 @@ class WorkerGroupClient final : public WorkerGroup {
 
   // Ends the streams (lanes on the workers are dropped).
   absl::Status Close() override;
+  int RestoreKvBlocks(const ringlane::v1::RestoreKvBlocksRequest& req,
+                      std::chrono::milliseconds deadline) override;
 
  private:
   // One rank's stream. The fields above `reader` are fixed once the stream

@@ -112,6 +112,7 @@ KvBlockManager::KvBlockManager(Options options)
       block_size_(options.identity.block_size_tokens),
       identity_(std::move(options.identity)),
       hash_bits_(options.hash_bits_for_testing),
+      max_recorded_registrations_(options.max_recorded_registrations),
       root_(Truncate(ChainRoot(identity_), hash_bits_)),
       blocks_(num_blocks_) {
   Reset();
@@ -314,6 +315,12 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
         b.tokens.assign(blk.begin(), blk.end());
         index_.emplace(hash, id);
         l.chain_link = Link{.block = id, .generation = b.generation};
+        if (max_recorded_registrations_ > 0) {
+          if (registrations_.size() >= max_recorded_registrations_) {
+            registrations_.pop_front();
+          }
+          registrations_.push_back(id);
+        }
       } else {
         Block& existing = blocks_[found->second];
         if (existing.parent == l.chain_link &&
@@ -360,10 +367,17 @@ void KvBlockManager::Reset() {
   index_.clear();
   lru_.clear();
   free_.clear();
+  registrations_.clear();
   for (Block& b : blocks_) b = Block{};
   // Descending, so that the stack hands out block 0 first.
   for (BlockId id = num_blocks_ - 1; id >= 0; --id) free_.push_back(id);
   ++counters_.resets;
+}
+
+std::vector<BlockId> KvBlockManager::TakeRegistrations() {
+  std::vector<BlockId> out(registrations_.begin(), registrations_.end());
+  registrations_.clear();
+  return out;
 }
 
 absl::StatusOr<absl::Span<const BlockId>> KvBlockManager::BlockTable(LaneId lane) const {

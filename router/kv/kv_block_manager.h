@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <list>
 #include <memory>
@@ -119,6 +120,9 @@ class KvBlockManager {
     // step of the chain. Tests lower it to force collisions (0: every block
     // hashes alike); anything below 128 breaks the kvstore's keys.
     int hash_bits_for_testing = 128;
+    // Keep the ids of newly registered blocks for TakeRegistrations (the
+    // kvstore's write-through), the newest this many at most.
+    size_t max_recorded_registrations = 0;
   };
 
   // InvalidArgument for a non-positive num_blocks, block size or TP size, an
@@ -190,6 +194,12 @@ class KvBlockManager {
   // kvstore).
   std::optional<BlockHash> RegisteredHash(BlockId block) const;
 
+  // The blocks registered since the last call, oldest first (when
+  // Options::max_recorded_registrations > 0; older ones beyond it are
+  // forgotten). A block may have been evicted or registered anew since: ask
+  // RegisteredHash for what it holds now.
+  std::vector<BlockId> TakeRegistrations();
+
   // Blocks a lane could still get: free plus evictable.
   int32_t available_blocks() const;
   KvBlockStats stats() const;
@@ -252,11 +262,13 @@ class KvBlockManager {
   const int32_t block_size_;
   const BlockIdentity identity_;
   const int hash_bits_;
+  const size_t max_recorded_registrations_;
   const BlockHash root_;
 
   std::vector<Block> blocks_;
-  std::vector<BlockId> free_;  // a stack: recently freed ids are reused first
-  std::list<BlockId> lru_;     // evictable blocks, least recently used first
+  std::vector<BlockId> free_;          // a stack: recently freed ids are reused first
+  std::list<BlockId> lru_;             // evictable blocks, least recently used first
+  std::deque<BlockId> registrations_;  // for TakeRegistrations
   std::unordered_map<BlockHash, BlockId, HashHasher> index_;
   std::unordered_map<LaneId, Lane> lanes_;
   uint64_t next_generation_ = 1;

@@ -55,7 +55,10 @@ class GroupLoop::Sink final : public ResultSink {
 };
 
 GroupLoop::GroupLoop(GroupLoopOptions options, GroupLoopHooks hooks, const Tokenizer* tokenizer)
-    : options_(std::move(options)), hooks_(std::move(hooks)), tokenizer_(tokenizer) {}
+    : options_(std::move(options)),
+      hooks_(std::move(hooks)),
+      tokenizer_(tokenizer),
+      tiering_(options_.kv_tiering, &mu_) {}
 
 GroupLoop::~GroupLoop() { Stop(); }
 
@@ -140,6 +143,9 @@ bool GroupLoop::Connect() {
   o.identity.kv_dtype = DTypeName(info.kv_dtype());
   o.identity.block_size_tokens = info.block_size_tokens();
   o.identity.tp_world_size = info.tp_world_size();
+  const bool tiered = !info.kvstore_address().empty() &&
+                      (options_.kv_tiering.offload || options_.kv_tiering.restore);
+  if (tiered) o.max_recorded_registrations = options_.kv_tiering.max_pending_offloads;
   auto kv = KvBlockManager::Create(o);
   if (!kv.ok()) {
     absl::MutexLock l(&mu_);
@@ -155,8 +161,8 @@ bool GroupLoop::Connect() {
   }
   RL_LOG(INFO) << "worker group " << options_.index << " ready: " << info.model_id() << ", TP"
                << info.tp_world_size() << ", epoch " << info.group_epoch() << ", "
-               << info.kv_pool_blocks() << " KV blocks of " << info.block_size_tokens()
-               << " tokens";
+               << info.kv_pool_blocks() << " KV blocks of " << info.block_size_tokens() << " tokens"
+               << (tiered ? ", kvstore " + info.kvstore_address() : "");
   absl::MutexLock l(&mu_);
   if (metrics_.rounds == nullptr) metrics_ = *metrics;
   kv_ = std::move(*kv);
@@ -167,6 +173,8 @@ bool GroupLoop::Connect() {
   UpdateGauges();
   status_.clear();
   client_ = std::move(*c);
+  last_applied_round_ = s_.round_id;
+  tiering_.Connected(client_, tiered, &metrics_);
   return true;
 }
 
@@ -214,7 +222,9 @@ void GroupLoop::Loop() {
         }
         if (stop_) break;
         if (!idle) {
+          tiering_.Poll(s_, *kv_, s_.round_id, last_applied_round_);
           PlanRound(s_, *kv_, cost_, options_.planner, hooks_.drafter, &round.round);
+          if (round.round.plan.rows_size() > 0) tiering_.AddOffloads(*kv_, &round.round.plan);
           RecordPlan(round.round);
           if (hooks_.round_log && round.round.plan.rows_size() > 0) {
             log_line = LogLine(round.round, static_cast<int64_t>(in_flight_.size()));
@@ -256,6 +266,7 @@ void GroupLoop::Loop() {
       RL_LOG(ERROR) << "worker group " << options_.index << " answered round " << r->round_id()
                     << " where round " << round.round.plan.round_id() << " was due";
     }
+    last_applied_round_ = round.round.plan.round_id();
     metrics_.rounds->Increment();
     metrics_.round_duration_s->Observe(Seconds(done - round.sent));
     Apply(round, *r, busy_us);

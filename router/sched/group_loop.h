@@ -47,6 +47,7 @@
 #include "router/kv/kv_block_manager.h"
 #include "router/request/request_state.h"
 #include "router/router_metrics.h"
+#include "router/sched/kv_tiering.h"
 #include "router/sched/lane.h"
 #include "router/sched/planner.h"
 #include "router/sched/scheduler.h"
@@ -73,6 +74,8 @@ struct GroupLoopOptions {
   int pipeline_depth = 2;
   std::chrono::milliseconds connect_timeout{3000};
   std::chrono::milliseconds reconnect_pause{300};
+  // Offload to and restore from the workers' kvstores, when they have them.
+  KvTieringOptions kv_tiering;
 };
 
 // Connects to the group at `addresses`, waiting up to `timeout`.
@@ -133,7 +136,13 @@ class GroupLoop {
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NotReadyMessage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || !s_.waiting.empty() || !s_.lanes.empty() || !s_.pending_release.empty();
+    if (stop_ || !s_.lanes.empty() || !s_.pending_release.empty()) return true;
+    // A choice whose blocks come back from the kvstore waits for that, not
+    // for a round.
+    for (const Waiting& w : s_.waiting) {
+      if (!w.restoring) return true;
+    }
+    return tiering_.HasWork(s_.round_id, last_applied_round_);
   }
 
   const GroupLoopOptions options_;
@@ -141,7 +150,7 @@ class GroupLoop {
   const Tokenizer* const tokenizer_;
   std::thread thread_;
   // Only the loop's thread uses the client and the in-flight rounds.
-  std::unique_ptr<WorkerGroup> client_;
+  std::shared_ptr<WorkerGroup> client_;  // shared with the kvstore tier's restores
   std::deque<InFlight> in_flight_;
 
   mutable absl::Mutex mu_;
@@ -153,9 +162,12 @@ class GroupLoop {
   SchedState s_ ABSL_GUARDED_BY(mu_);
   RoundCostModel cost_ ABSL_GUARDED_BY(mu_);
   int64_t prefilled_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_applied_round_ ABSL_GUARDED_BY(mu_) = 0;
   // Series of this group; set at the first connection (the model id comes
   // from the workers), before any request can be queued here.
   GroupMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  // After the state it reads; its restorer thread takes mu_.
+  KvTiering tiering_;
 };
 
 }  // namespace ringlane::router

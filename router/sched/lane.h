@@ -23,6 +23,11 @@ namespace ringlane::router {
 struct Waiting {
   std::shared_ptr<RequestState> req;
   int choice = 0;
+  // The kvstore tier (kv_tiering.h) asked its store for this choice's
+  // uncached prompt blocks once; while `restoring`, they are being brought
+  // back and the planner admits the choices behind it instead.
+  bool kv_probed = false;
+  bool restoring = false;
 };
 
 struct Lane {

@@ -227,8 +227,15 @@ void Planning::PlanPrefillRows() {
 }
 
 void Planning::Admit() {
-  while (limit_ > 0 && !s_.waiting.empty() && s_.live_lanes() < opt_.max_lanes) {
-    Waiting w = s_.waiting.front();
+  // Choices whose blocks are coming back from the kvstore keep their place;
+  // the ones behind them go first.
+  size_t next = 0;
+  while (limit_ > 0 && next < s_.waiting.size() && s_.live_lanes() < opt_.max_lanes) {
+    if (s_.waiting[next].restoring) {
+      ++next;
+      continue;
+    }
+    Waiting w = s_.waiting[next];
     Choice& c = w.req->choices[w.choice];
     auto lane = std::make_unique<Lane>();
     lane->id = s_.next_lane_id++;
@@ -246,10 +253,10 @@ void Planning::Admit() {
       w.req->Fail(absl::InvalidArgumentError(absl::StrCat(
           "prompt: ", lane->seq.size(), " tokens need more KV blocks than the ", kv_.num_blocks(),
           " of worker group ", opt_.group_index, " (", block_size_, " tokens each)")));
-      s_.waiting.pop_front();
+      s_.waiting.erase(s_.waiting.begin() + static_cast<std::ptrdiff_t>(next));
       continue;
     }
-    s_.waiting.pop_front();
+    s_.waiting.erase(s_.waiting.begin() + static_cast<std::ptrdiff_t>(next));
     if (w.choice == 0 && w.req->cached_tokens < 0) {
       w.req->cached_tokens = *cached;
       out_->admitted_any = true;

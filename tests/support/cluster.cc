@@ -83,7 +83,12 @@ std::unique_ptr<Cluster> StartCluster(const ClusterOptions& o) {
   // Port 0 everywhere: a cluster from `make serve` may hold the default ports.
   std::string workers = "127.0.0.1:1";
   if (o.world > 0) {
-    c->workers = std::make_unique<WorkerGroup>(o.world, o.worker_flags);
+    // Ranks given a metrics port announce it, and RankMetric reads it.
+    std::vector<std::string> names = {"worker"};
+    for (const std::string& f : o.worker_flags) {
+      if (f.rfind("--metrics_port=", 0) == 0) names.push_back("metrics");
+    }
+    c->workers = std::make_unique<WorkerGroup>(o.world, o.worker_flags, names);
     if (!c->workers->Start()) return nullptr;
     workers = c->workers->Workers();
   }
