@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The local cluster of `make serve`: two ringlane-worker ranks as one TP2
 # group, a ringlane-kvstore beside them (DRAM tier plus a disk tier in
-# $KVSTORE_DIR, on $KVSTORE_LISTEN, 127.0.0.1:50071; the router does not use
-# it yet) and a ringlane-router in front of them, all on loopback: the
+# $KVSTORE_DIR, on $KVSTORE_LISTEN, 127.0.0.1:50071, which the workers offload
+# full KV blocks to and the router restores evicted prefixes from) and a ringlane-router in front of them, all on loopback: the
 # OpenAI-compatible API on http://$HTTP_LISTEN/v1 (127.0.0.1:8080, printed as
 # the base URL) and the gRPC Generate API on $ROUTER_LISTEN (127.0.0.1:50051).
 # With PROMPT it runs the
@@ -68,7 +68,7 @@ listening() {
   return 1
 }
 
-# The kvstore first: the workers will offload to it once they can (issue 14).
+# The kvstore first: the workers dial it (lazily) at start.
 "$KVSTORE" --listen="$KVSTORE_LISTEN" --metrics_port=0 --disk_dir="$KVSTORE_DIR" \
   --dram_bytes=$((256 << 20)) --disk_bytes=$((2 << 30)) "${tls[@]}" \
   >"$LOGS/kvstore.out" 2>"$LOGS/kvstore.log" &
@@ -77,7 +77,7 @@ kvstore=$(listening "$LOGS/kvstore.out" "${pids[0]}" kvstore)
 
 # Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
 common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0
-  "${tls[@]}")
+  --kvstore="$kvstore" "${tls[@]}")
 "$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
   >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
 pids+=($!)
@@ -94,7 +94,7 @@ router=$(listening "$LOGS/router.out" "${pids[3]}" router)
 http=$(listening "$LOGS/router.out" "${pids[3]}" http)
 model=stories260K
 echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
-echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; not used by the router yet)" >&2
+echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; offload and restore on)" >&2
 echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
 echo "http://$http/v1"
 echo "serve: try  curl http://$http/v1/completions -H 'Content-Type: application/json' \\" >&2

@@ -105,6 +105,52 @@ class FakeWorkerGroup final : public WorkerGroup {
   absl::Status Check(std::chrono::milliseconds) override { return absl::OkStatus(); }
   absl::Status Close() override { return absl::OkStatus(); }
 
+  // A kvstore beside the fake workers: offloads copy a block's slots under
+  // its hash, restores copy them back, so a restored block that is wrong (or
+  // lands where a live lane reads) changes tokens or shows in errors().
+  void EnableKvstore() {
+    absl::MutexLock l(&mu_);
+    info_.set_kvstore_address("fake-kvstore");
+  }
+  // While true, restores bring nothing back (a store that is down).
+  void set_store_down(bool down) {
+    absl::MutexLock l(&mu_);
+    store_down_ = down;
+  }
+  int RestoreKvBlocks(const ringlane::v1::RestoreKvBlocksRequest& req,
+                      std::chrono::milliseconds) override {
+    absl::MutexLock l(&mu_);
+    ++restore_calls_;
+    if (store_down_) return 0;
+    int n = 0;
+    for (const ringlane::v1::KvBlockRef& b : req.blocks()) {
+      auto it = store_.find(b.prefix_hash());
+      if (it == store_.end()) break;
+      for (int64_t slot = 0; slot < block_size_; ++slot) {
+        if (auto r = Reader(0, b.block_id(), slot)) {
+          errors_.push_back(
+              absl::StrCat("restore into block ", b.block_id(), " that lane ", *r, " reads"));
+        }
+      }
+      pool_[b.block_id()] = it->second;
+      ++n;
+    }
+    restored_blocks_ += n;
+    return n;
+  }
+  int64_t offloads_seen() const {
+    absl::MutexLock l(&mu_);
+    return offloads_seen_;
+  }
+  int64_t restored_blocks() const {
+    absl::MutexLock l(&mu_);
+    return restored_blocks_;
+  }
+  int64_t restore_calls() const {
+    absl::MutexLock l(&mu_);
+    return restore_calls_;
+  }
+
   // Fault injection: once `rounds` calls have succeeded, every Send (or
   // Receive) returns `status`, as a client whose rank's stream ended does.
   void FailSendAfter(int64_t rounds, absl::Status status) {
@@ -191,6 +237,19 @@ class FakeWorkerGroup final : public WorkerGroup {
     auto fail = [&](const std::string& why) {
       errors_.push_back(absl::StrCat("round ", plan.round_id(), ": ", why));
     };
+    // Before the forward pass, as the workers do.
+    for (const ringlane::v1::KvBlockRef& o : plan.offloads()) {
+      ++offloads_seen_;
+      if (o.block_id() < 0 || o.block_id() >= static_cast<int32_t>(pool_.size())) {
+        fail(absl::StrCat("offload of block ", o.block_id(), " outside the pool"));
+        continue;
+      }
+      auto& stored = store_[o.prefix_hash()];
+      if (!stored.empty() && stored != pool_[o.block_id()]) {
+        fail(absl::StrCat("block ", o.block_id(), " offloaded under a hash stored with other KV"));
+      }
+      stored = pool_[o.block_id()];
+    }
     for (const ringlane::v1::LaneStep& row : plan.rows()) {
       const int64_t n = RowTokens(row);
       auto it = lanes_.find(row.lane_id());
@@ -287,6 +346,11 @@ class FakeWorkerGroup final : public WorkerGroup {
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
   int64_t drafts_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t drafts_accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::vector<std::optional<uint64_t>>> store_ ABSL_GUARDED_BY(mu_);
+  bool store_down_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t offloads_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t restored_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t restore_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t received_ ABSL_GUARDED_BY(mu_) = 0;

@@ -38,6 +38,10 @@ class SharedGroup final : public WorkerGroup {
   absl::StatusOr<v1::RoundResult> Receive() override { return g_->Receive(); }
   absl::Status Check(std::chrono::milliseconds timeout) override { return g_->Check(timeout); }
   absl::Status Close() override { return g_->Close(); }
+  int RestoreKvBlocks(const v1::RestoreKvBlocksRequest& req,
+                      std::chrono::milliseconds deadline) override {
+    return g_->RestoreKvBlocks(req, deadline);
+  }
 
  private:
   const std::shared_ptr<FakeWorkerGroup> g_;
@@ -192,6 +196,51 @@ TEST_F(GroupLoopTest, CancellationReleasesTheLane) {
   EXPECT_EQ(r.tokens, FakeReference(next->p.prompt, 4));
   EXPECT_THAT(fake->errors(), ::testing::IsEmpty());
 }
+
+// The kvstore tier over the fake's store: a prompt evicted from a 12-block
+// pool by two others is restored before it is admitted, reported as cached,
+// and decodes exactly as a solo run; with the store down it is recomputed,
+// with the same tokens.
+class GroupLoopKvstoreTest : public GroupLoopTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(GroupLoopKvstoreTest, AnEvictedPromptComesBackOrIsRecomputed) {
+  const bool store_down = GetParam();
+  auto fake = std::make_shared<FakeWorkerGroup>(12, 4);
+  fake->EnableKvstore();
+  Start(fake);
+  auto run = [&](int salt) {
+    auto req = Request(Prompt(21, salt), 4);  // 25 positions: 7 of the 12 blocks
+    EXPECT_TRUE(loop_->Enqueue(req).ok());
+    Received r = Drain(*req->queue);
+    EXPECT_TRUE(r.done && r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens, FakeReference(req->p.prompt, 4)) << "salt " << salt;
+    return req;
+  };
+  run(1);
+  EXPECT_TRUE(WaitFor([&] { return fake->offloads_seen() >= 5; }))
+      << "the prompt's full blocks were not offloaded: " << fake->offloads_seen();
+  run(2);
+  run(3);
+  fake->set_store_down(store_down);
+  const int64_t calls = fake->restore_calls();
+  auto again = run(1);
+  EXPECT_GT(fake->restore_calls(), calls);
+  if (store_down) {
+    EXPECT_EQ(fake->restored_blocks(), 0);
+  } else {
+    EXPECT_GT(fake->restored_blocks(), 0);
+    // All 5 blocks a 21-token prompt can reuse (its last token is fed).
+    EXPECT_EQ(again->cached_tokens, 20);
+  }
+  EXPECT_TRUE(WaitFor([&] { return loop_->State().lanes == 0; }));
+  EXPECT_EQ(loop_->State().kv.in_use_blocks, 0) << "a placeholder kept its blocks";
+  EXPECT_THAT(fake->errors(), ::testing::IsEmpty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Store, GroupLoopKvstoreTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Down" : "Up";
+                         });
 
 // Which call of the client breaks.
 enum class Fault { kSend, kReceive };
