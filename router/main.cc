@@ -72,7 +72,8 @@ ABSL_FLAG(bool, kvstore_restore, true,
 ABSL_FLAG(int, kvstore_restore_deadline_ms, 1000,
           "longest wait for the ranks to restore one prompt's blocks; past it the prompt is "
           "prefilled as usual");
-ABSL_FLAG(int, kvstore_max_offloads_per_round, 64, "offloaded blocks one round carries at most");
+ABSL_FLAG(int, kvstore_max_offloads_per_round, 256,
+          "offloaded blocks one round carries at most (write-backs of blocks it evicts first)");
 ABSL_FLAG(std::string, round_log, "",
           "append every round sent (lanes, row kinds, tokens fed, budget) to this file as JSON "
           "lines; for tests and traces");

@@ -176,6 +176,10 @@ BlockId KvBlockManager::TakeBlock() {
   } else {
     id = lru_.front();
     lru_.pop_front();
+    if (max_recorded_registrations_ > 0) {
+      if (evictions_.size() >= max_recorded_registrations_) evictions_.pop_front();
+      evictions_.push_back(Eviction{id, blocks_[id].hash});
+    }
     Unregister(id);
     ++counters_.evictions;
   }
@@ -368,10 +372,17 @@ void KvBlockManager::Reset() {
   lru_.clear();
   free_.clear();
   registrations_.clear();
+  evictions_.clear();
   for (Block& b : blocks_) b = Block{};
   // Descending, so that the stack hands out block 0 first.
   for (BlockId id = num_blocks_ - 1; id >= 0; --id) free_.push_back(id);
   ++counters_.resets;
+}
+
+std::vector<KvBlockManager::Eviction> KvBlockManager::TakeEvictions() {
+  std::vector<Eviction> out(evictions_.begin(), evictions_.end());
+  evictions_.clear();
+  return out;
 }
 
 std::vector<BlockId> KvBlockManager::TakeRegistrations() {

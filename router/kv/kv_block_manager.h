@@ -199,6 +199,16 @@ class KvBlockManager {
   // forgotten). A block may have been evicted or registered anew since: ask
   // RegisteredHash for what it holds now.
   std::vector<BlockId> TakeRegistrations();
+  // The registered blocks evicted since the last call, with the hash they
+  // were registered under (recorded as registrations are). Their contents
+  // stay valid until a round planned after the eviction writes them, so a
+  // write-back in the very plan whose planning evicted them (its offloads run
+  // before its forward pass) still copies the right KV.
+  struct Eviction {
+    BlockId block = -1;
+    BlockHash hash;
+  };
+  std::vector<Eviction> TakeEvictions();
 
   // Blocks a lane could still get: free plus evictable.
   int32_t available_blocks() const;
@@ -269,6 +279,7 @@ class KvBlockManager {
   std::vector<BlockId> free_;          // a stack: recently freed ids are reused first
   std::list<BlockId> lru_;             // evictable blocks, least recently used first
   std::deque<BlockId> registrations_;  // for TakeRegistrations
+  std::deque<Eviction> evictions_;     // for TakeEvictions
   std::unordered_map<BlockHash, BlockId, HashHasher> index_;
   std::unordered_map<LaneId, Lane> lanes_;
   uint64_t next_generation_ = 1;

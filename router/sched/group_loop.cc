@@ -224,7 +224,7 @@ void GroupLoop::Loop() {
         if (!idle) {
           tiering_.Poll(s_, *kv_, s_.round_id, last_applied_round_);
           PlanRound(s_, *kv_, cost_, options_.planner, hooks_.drafter, &round.round);
-          if (round.round.plan.rows_size() > 0) tiering_.AddOffloads(*kv_, &round.round.plan);
+          tiering_.AddOffloads(*kv_, &round.round.plan);
           RecordPlan(round.round);
           if (hooks_.round_log && round.round.plan.rows_size() > 0) {
             log_line = LogLine(round.round, static_cast<int64_t>(in_flight_.size()));

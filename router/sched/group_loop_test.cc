@@ -255,6 +255,8 @@ TEST_P(GroupLoopFaultTest, AWorkerFailureFailsItsRequestsAndDropsReadiness) {
   } else {
     fake->FailReceiveAfter(5, broke);
   }
+  // Slow rounds, so that both requests are queued long before the fifth.
+  fake->set_round_delay(std::chrono::milliseconds(20));
   Start(fake);
   auto a = Request(Prompt(6, 5), 40);
   auto b = Request(Prompt(10, 6), 40);

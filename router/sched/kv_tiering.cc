@@ -53,13 +53,28 @@ void KvTiering::Remember(const std::string& hash) {
 }
 
 void KvTiering::AddOffloads(KvBlockManager& kv, v1::RoundPlan* plan) {
+  // Evicted blocks can be written back only by the plan whose planning
+  // evicted them: a later plan runs after the rows that overwrite them.
+  const std::vector<KvBlockManager::Eviction> evicted = kv.TakeEvictions();
   if (!enabled_ || !options_.offload) {
     kv.TakeRegistrations();
     return;
   }
   for (BlockId b : kv.TakeRegistrations()) pending_.push_back(b);
   while (pending_.size() > options_.max_pending_offloads) pending_.pop_front();
+  if (plan->rows_size() == 0) return;  // not sent: the evicted ones are lost
   int added = 0;
+  // Write-back first: these are gone for good after this plan.
+  for (const KvBlockManager::Eviction& e : evicted) {
+    if (added >= options_.max_offloads_per_round) break;
+    std::string bytes = e.hash.Bytes();
+    if (remembered_set_.count(bytes) != 0) continue;
+    v1::KvBlockRef* o = plan->add_offloads();
+    o->set_block_id(e.block);
+    o->set_prefix_hash(bytes);
+    Remember(bytes);
+    ++added;
+  }
   while (!pending_.empty() && added < options_.max_offloads_per_round) {
     const BlockId b = pending_.front();
     pending_.pop_front();
@@ -176,6 +191,9 @@ void KvTiering::Poll(SchedState& s, KvBlockManager& kv, uint64_t last_planned_ro
     Prepare(s, kv, w, last_planned_round);
     if (w.restoring) ++active;
   }
+  // Blocks a placeholder evicted are overwritten by its restore, which no
+  // plan orders: they cannot be written back.
+  kv.TakeEvictions();
 }
 
 void KvTiering::RestoreLoop() {

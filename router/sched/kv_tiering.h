@@ -2,10 +2,12 @@
 // write-through of every block the ledger registers, and the restore of a
 // waiting prompt's uncached blocks before it is admitted.
 //
-// Offload. Each plan carries (up to a bound) the blocks registered since the
-// last plan, under their chain hashes; the workers copy them before the
-// plan's forward pass and upload them in the background. A hash offloaded
-// recently (or restored) is not sent again.
+// Offload. Each plan carries (up to a bound) the blocks its own planning
+// evicted that were never offloaded (a write-back: the copy runs before the
+// forward pass that overwrites them), then the blocks registered since,
+// under their chain hashes; the workers copy them before the plan's forward
+// pass and upload them in the background. A hash offloaded recently (or
+// restored) is not sent again.
 //
 // Restore. For a waiting choice whose prompt has full blocks past the pool's
 // cached prefix, a placeholder lane takes blocks for them in the ledger.
@@ -49,7 +51,7 @@ struct KvTieringOptions {
   bool offload = true;
   bool restore = true;
   // Offload entries per plan; more wait for the next plan.
-  int max_offloads_per_round = 64;
+  int max_offloads_per_round = 256;
   // Registered blocks waiting to be offloaded; older ones beyond it are
   // skipped (they are recomputed if ever wanted).
   size_t max_pending_offloads = 4096;
@@ -77,7 +79,9 @@ class KvTiering {
   void Connected(std::shared_ptr<WorkerGroup> group, bool enabled, GroupMetrics* metrics)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
 
-  // Adds the pending offloads to `plan` (which has rows: it will be sent).
+  // Right after planning: adds to `plan` the write-back of the registered
+  // blocks its planning evicted, then the pending offloads (a plan without
+  // rows is not sent and gets none).
   void AddOffloads(KvBlockManager& kv, ringlane::v1::RoundPlan* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
 
