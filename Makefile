@@ -20,7 +20,7 @@ WORKER_THREADS ?= 1
 PROMPT ?=
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
-	fuzz fuzz-smoke bench soak format clean
+	fuzz fuzz-smoke bench kvstore-bench soak format clean
 
 all: build
 
@@ -94,6 +94,10 @@ bench: build
 	@test -f $(BUILD)/models/synth-1b1-fp8/config.json || \
 	  $(BUILD)/tools/ringlane-synth-model --preset=1b1 --out=$(BUILD)/models/synth-1b1-fp8
 	@$(BUILD)/tools/ringlane-engine-bench --model=$(BUILD)/models/synth-1b1-fp8
+
+# Issue 14's time to first token: cold, device pool, kvstore DRAM, kvstore disk.
+kvstore-bench: build
+	@tools/kvstore_bench.sh $(BUILD) 2400 3
 
 # Issue 13's soak: 5 streams for SOAK_SECONDS (600) against a local TP2
 # cluster; RSS and open descriptors of every daemon must stay flat.
