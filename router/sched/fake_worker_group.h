@@ -112,6 +112,11 @@ class FakeWorkerGroup final : public WorkerGroup {
     absl::MutexLock l(&mu_);
     info_.set_kvstore_address("fake-kvstore");
   }
+  // The store loses everything (restarted empty).
+  void ClearStore() {
+    absl::MutexLock l(&mu_);
+    store_.clear();
+  }
   // While true, restores bring nothing back (a store that is down).
   void set_store_down(bool down) {
     absl::MutexLock l(&mu_);

@@ -231,6 +231,19 @@ TEST_P(GroupLoopKvstoreTest, AnEvictedPromptComesBackOrIsRecomputed) {
     EXPECT_GT(fake->restored_blocks(), 0);
     // All 5 blocks a 21-token prompt can reuse (its last token is fed).
     EXPECT_EQ(again->cached_tokens, 20);
+    // A store that lost them gets them again: the miss makes the router
+    // offer the recomputed blocks anew instead of taking them for stored.
+    fake->ClearStore();
+    run(2);
+    run(3);
+    const int64_t restored = fake->restored_blocks();
+    run(1);  // a miss, recomputed and offloaded again
+    EXPECT_EQ(fake->restored_blocks(), restored);
+    run(2);
+    run(3);
+    auto third = run(1);
+    EXPECT_GT(fake->restored_blocks(), restored);
+    EXPECT_EQ(third->cached_tokens, 20);
   }
   EXPECT_TRUE(WaitFor([&] { return loop_->State().lanes == 0; }));
   EXPECT_EQ(loop_->State().kv.in_use_blocks, 0) << "a placeholder kept its blocks";

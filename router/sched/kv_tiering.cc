@@ -1,6 +1,7 @@
 #include "router/sched/kv_tiering.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "services/log.h"
@@ -44,12 +45,20 @@ void KvTiering::Connected(std::shared_ptr<WorkerGroup> group, bool enabled, Grou
 }
 
 void KvTiering::Remember(const std::string& hash) {
-  if (!remembered_set_.insert(hash).second) return;
+  if (remembered_set_.count(hash) != 0) return;
   remembered_.push_back(hash);
+  remembered_set_.emplace(hash, std::prev(remembered_.end()));
   if (remembered_.size() > options_.remembered_hashes) {
     remembered_set_.erase(remembered_.front());
     remembered_.pop_front();
   }
+}
+
+void KvTiering::Forget(const std::string& hash) {
+  auto it = remembered_set_.find(hash);
+  if (it == remembered_set_.end()) return;
+  remembered_.erase(it->second);
+  remembered_set_.erase(it);
 }
 
 void KvTiering::AddOffloads(KvBlockManager& kv, v1::RoundPlan* plan) {
@@ -155,6 +164,11 @@ void KvTiering::Finish(SchedState& s, KvBlockManager& kv, Job& job) {
     for (int i = 0; i < restored; ++i) Remember(job.request.blocks(i).prefix_hash());
     const size_t n = static_cast<size_t>((job.first_block + restored) * bs);
     kv.CommitFullBlocks(job.placeholder, absl::MakeConstSpan(job.tokens.data(), n)).IgnoreError();
+  }
+  // A store that lost blocks (restarted empty, evicted them) gets them
+  // offered again the next time a lane registers them.
+  for (int i = restored; i < job.request.blocks_size(); ++i) {
+    Forget(job.request.blocks(i).prefix_hash());
   }
   kv.Release(job.placeholder).IgnoreError();
   if (metrics_ && metrics_->kvstore_restores_hit) {

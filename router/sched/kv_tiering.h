@@ -115,6 +115,9 @@ class KvTiering {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
   void Finish(SchedState& s, KvBlockManager& kv, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
   void Remember(const std::string& hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
+  // The store turned out not to hold `hash` (a restore stopped there): offer
+  // it again when a block registers it.
+  void Forget(const std::string& hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(*mu_);
   void RestoreLoop();
 
   const KvTieringOptions options_;
@@ -125,7 +128,8 @@ class KvTiering {
   uint64_t connection_ ABSL_GUARDED_BY(*mu_) = 0;
   std::deque<BlockId> pending_ ABSL_GUARDED_BY(*mu_);
   std::list<std::string> remembered_ ABSL_GUARDED_BY(*mu_);  // oldest first
-  std::unordered_set<std::string> remembered_set_ ABSL_GUARDED_BY(*mu_);
+  std::unordered_map<std::string, std::list<std::string>::iterator> remembered_set_
+      ABSL_GUARDED_BY(*mu_);
   std::list<Job> jobs_ ABSL_GUARDED_BY(*mu_);
   LaneId next_placeholder_ ABSL_GUARDED_BY(*mu_);
   bool stop_ ABSL_GUARDED_BY(*mu_) = false;
