@@ -51,6 +51,10 @@ ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{4} << 20,
           "largest data of one Put chunk, and largest chunk a Get may ask for");
 ABSL_FLAG(int, max_keys_per_request, 4096, "most keys in one Get or Lookup");
 ABSL_FLAG(int, max_concurrent_calls, 64, "calls served at once; more fail with RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, shm_dir, "/dev/shm",
+          "where clients on this node put the shared-memory segments payloads travel through "
+          "(AttachShm); empty = gRPC only");
+ABSL_FLAG(int, max_shm_segments, 64, "shared-memory segments attached at once (one per client)");
 // Short: every kvstore call is bounded by its client's deadline (hundreds of
 // ms), and gRPC's Shutdown waits out the whole deadline while any client
 // keeps a connection open, even an idle one.
@@ -129,6 +133,7 @@ int main(int argc, char** argv) {
       Range("max_chunk_bytes", absl::GetFlag(FLAGS_max_chunk_bytes), 1024, 64 << 20),
       Range("max_keys_per_request", absl::GetFlag(FLAGS_max_keys_per_request), 1, 1 << 20),
       Range("max_concurrent_calls", absl::GetFlag(FLAGS_max_concurrent_calls), 1, 4096),
+      Range("max_shm_segments", absl::GetFlag(FLAGS_max_shm_segments), 1, 4096),
       Range("drain_timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms), 1, 3600000),
   });
   const std::string disk_dir = absl::GetFlag(FLAGS_disk_dir);
@@ -167,6 +172,8 @@ int main(int argc, char** argv) {
   limits.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
   limits.max_keys_per_request = absl::GetFlag(FLAGS_max_keys_per_request);
   limits.max_concurrent_calls = absl::GetFlag(FLAGS_max_concurrent_calls);
+  limits.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  limits.max_shm_segments = absl::GetFlag(FLAGS_max_shm_segments);
   rk::KvStoreService service(store->get(), limits);
 
   // Metrics first, so that a port clash fails before the service listens.

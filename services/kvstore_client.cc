@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -64,12 +65,52 @@ void KvStoreClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_wait_for_ready(false);
 }
 
+bool KvStoreClient::shm_attached() const {
+  absl::MutexLock l(&shm_mu_);
+  return shm_attached_;
+}
+
+bool KvStoreClient::UseShm() {
+  if (options_.shm_bytes <= 0) return false;
+  if (shm_attached_) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < shm_retry_at_) return false;
+  // A refusal (another node, shared memory off) is asked again only now and
+  // then: the answer rarely changes.
+  shm_retry_at_ = now + std::chrono::seconds(10);
+  if (shm_ == nullptr) {
+    auto seg = ShmSegment::Create(options_.shm_dir, static_cast<size_t>(options_.shm_bytes));
+    if (!seg.ok()) return false;
+    shm_ = std::move(*seg);
+  }
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::AttachShmRequest req;
+  req.set_segment(shm_->name());
+  req.set_token(std::string(shm_->token()));
+  v1::AttachShmResponse resp;
+  shm_attached_ = stub_->AttachShm(&ctx, req, &resp).ok();
+  return shm_attached_;
+}
+
+void KvStoreClient::NoteShmFailure(const grpc::Status& st) {
+  if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+      st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    shm_attached_ = false;
+    shm_retry_at_ = {};
+  }
+}
+
 absl::StatusOr<v1::PutResponse> KvStoreClient::Put(absl::Span<const KvBlockToPut> blocks) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i].payload.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("block ", i, ": empty payload"));
     }
   }
+  absl::MutexLock shm_lock(&shm_mu_);
+  const bool shm = UseShm();
+  int64_t cursor = static_cast<int64_t>(kShmTokenBytes);
+  int64_t via_shm = 0;
   grpc::ClientContext ctx;
   Prepare(&ctx);
   v1::PutResponse resp;
@@ -80,6 +121,20 @@ absl::StatusOr<v1::PutResponse> KvStoreClient::Put(absl::Span<const KvBlockToPut
     const KvBlockToPut& b = blocks[i];
     const uint64_t sum = b.xxh64 ? *b.xxh64 : XXH64(b.payload.data(), b.payload.size(), 0);
     const int64_t size = static_cast<int64_t>(b.payload.size());
+    if (shm && shm_->Contains(cursor, size)) {
+      std::memcpy(shm_->data() + cursor, b.payload.data(), b.payload.size());
+      v1::KvBlockChunk c;
+      *c.mutable_key() = b.key;
+      c.set_total_bytes(size);
+      c.set_payload_xxh64(sum);
+      c.mutable_shm()->set_segment(shm_->name());
+      c.mutable_shm()->set_offset(cursor);
+      c.mutable_shm()->set_length(size);
+      cursor += size;
+      via_shm += size;
+      if (!writer->Write(c)) open = false;
+      continue;
+    }
     for (int64_t off = 0; off < size; off += chunk) {
       v1::KvBlockChunk c;
       *c.mutable_key() = b.key;
@@ -97,16 +152,24 @@ absl::StatusOr<v1::PutResponse> KvStoreClient::Put(absl::Span<const KvBlockToPut
   }
   if (open) writer->WritesDone();
   grpc::Status st = writer->Finish();
-  if (!st.ok()) return FromGrpcStatus(st);
+  if (!st.ok()) {
+    NoteShmFailure(st);
+    return FromGrpcStatus(st);
+  }
+  shm_bytes_moved_.fetch_add(via_shm, std::memory_order_relaxed);
   return resp;
 }
 
 absl::StatusOr<KvGetResult> KvStoreClient::GetPrefix(absl::Span<const v1::BlockKey> keys) {
   KvGetResult r;
   if (keys.empty()) return r;
+  absl::MutexLock shm_lock(&shm_mu_);
+  const bool shm = UseShm();
+  int64_t via_shm = 0;
   grpc::ClientContext ctx;
   Prepare(&ctx);
   v1::GetRequest req;
+  if (shm) req.set_shm_segment(shm_->name());
   for (const auto& k : keys) *req.add_keys() = k;
   req.set_max_chunk_bytes(static_cast<int32_t>(
       std::clamp<int64_t>(options_.max_chunk_bytes, 1, std::numeric_limits<int32_t>::max())));
@@ -146,12 +209,26 @@ absl::StatusOr<KvGetResult> KvStoreClient::GetPrefix(absl::Span<const v1::BlockK
       stop(absl::InternalError(absl::StrCat("block ", i, ": chunks do not tile it")));
       break;
     }
-    if (static_cast<int64_t>(payload.size() + c.data().size()) > total) {
+    const bool sliced = c.has_shm();
+    if (sliced && (!shm || c.shm().segment() != shm_->name() || !c.data().empty() ||
+                   !shm_->Contains(c.shm().offset(), c.shm().length()))) {
+      stop(absl::InternalError(absl::StrCat("block ", i, ": a bad shared-memory slice")));
+      break;
+    }
+    const int64_t n = sliced ? c.shm().length() : static_cast<int64_t>(c.data().size());
+    if (static_cast<int64_t>(payload.size()) + n > total) {
       stop(
           absl::InternalError(absl::StrCat("block ", i, ": more data than its ", total, " bytes")));
       break;
     }
-    payload += c.data();
+    if (sliced) {
+      // Copied out before it is checked: the segment is shared memory.
+      payload.append(reinterpret_cast<const char*>(shm_->data()) + c.shm().offset(),
+                     static_cast<size_t>(n));
+      via_shm += n;
+    } else {
+      payload += c.data();
+    }
     if (static_cast<int64_t>(payload.size()) < total) continue;
     in_block = false;
     if (XXH64(payload.data(), payload.size(), 0) != sum) {
@@ -163,6 +240,8 @@ absl::StatusOr<KvGetResult> KvStoreClient::GetPrefix(absl::Span<const v1::BlockK
     payload = std::string();
   }
   grpc::Status st = reader->Finish();
+  shm_bytes_moved_.fetch_add(via_shm, std::memory_order_relaxed);
+  if (!st.ok()) NoteShmFailure(st);
   if (!stopped && !st.ok()) {
     if (r.blocks.empty()) return FromGrpcStatus(st);
     r.stopped = FromGrpcStatus(st);

@@ -27,10 +27,13 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "ringlane/v1/kvstore.grpc.pb.h"
+#include "services/shm_segment.h"
 
 namespace ringlane::services {
 
@@ -43,6 +46,12 @@ struct KvStoreClientOptions {
   int64_t max_block_bytes = 64 << 20;
   // Cap on the channel's reconnect backoff (gRPC's default grows to 120 s).
   std::chrono::milliseconds max_reconnect_backoff{1000};
+  // Same-node transport: a shared-memory segment of this many bytes in
+  // `shm_dir`, attached to the store on first use (KvStore.AttachShm);
+  // payloads that fit go through it, the rest and every call of a store that
+  // cannot see the segment (another node) go over gRPC. 0 = gRPC only.
+  int64_t shm_bytes = 0;
+  std::string shm_dir = "/dev/shm";
 };
 
 // A block to put: its key, its payload (borrowed for the call) and,
@@ -100,15 +109,31 @@ class KvStoreClient {
 
   // Blocks received whose bytes failed verification, since construction.
   int64_t checksum_failures() const { return checksum_failures_.load(std::memory_order_relaxed); }
+  // Payload bytes that went through shared memory, either way, since
+  // construction; whether the segment is attached now.
+  int64_t shm_bytes_moved() const { return shm_bytes_moved_.load(std::memory_order_relaxed); }
+  bool shm_attached() const;
   const KvStoreClientOptions& options() const { return options_; }
 
  private:
   void Prepare(grpc::ClientContext* ctx) const;
+  // With shm_mu_ held: whether this call may use the segment, attaching it
+  // first when it is not (at most every few seconds after a refusal).
+  bool UseShm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
+  // A call failed: if the store no longer knows the segment (it restarted),
+  // attach again next time.
+  void NoteShmFailure(const grpc::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shm_mu_);
 
   const KvStoreClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvStore::Stub> stub_;
   std::atomic<int64_t> checksum_failures_{0};
+  std::atomic<int64_t> shm_bytes_moved_{0};
+  // One call at a time uses the segment.
+  mutable absl::Mutex shm_mu_;
+  std::unique_ptr<ShmSegment> shm_ ABSL_GUARDED_BY(shm_mu_);
+  bool shm_attached_ ABSL_GUARDED_BY(shm_mu_) = false;
+  std::chrono::steady_clock::time_point shm_retry_at_ ABSL_GUARDED_BY(shm_mu_){};
 };
 
 // The channel arguments Connect uses (message sizes from `options`,

@@ -6,6 +6,7 @@
 // kvstore_faults_test.cc.
 #include <signal.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -39,6 +40,64 @@ std::vector<v1::BlockKey> Chain(int first, int n, const std::string& model = "m"
   std::vector<v1::BlockKey> v;
   for (int i = 0; i < n; ++i) v.push_back(KvKey(first + i, model));
   return v;
+}
+
+services::KvStoreClientOptions ShmOptions(int64_t shm_bytes) {
+  services::KvStoreClientOptions o;
+  o.deadline = std::chrono::milliseconds(2000);
+  o.max_chunk_bytes = 64 << 10;
+  o.shm_bytes = shm_bytes;
+  return o;
+}
+
+// The same-node transport: payloads through a shared-memory segment both
+// ends map, checked like gRPC's; a store that will not attach it (shared
+// memory off, or another node) is served over gRPC; a restarted store is
+// attached again.
+TEST(KvstoreDaemonTest, SharedMemoryCarriesPayloadsAndFallsBackToGrpc) {
+  auto d = StartKvstore({});
+  ASSERT_NE(d, nullptr);
+  // Room for 3 of the 4 blocks: the 4th goes inline in the same call.
+  auto c = services::KvStoreClient::Connect(d->address("kvstore"),
+                                            ShmOptions(3 * kBlockBytes + services::kShmTokenBytes));
+  const std::vector<std::string> p = Payloads(4);
+  absl::StatusOr<v1::PutResponse> put = c->Put(Blocks(p, 0));
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->num_blocks(), 4);
+  EXPECT_TRUE(c->shm_attached());
+  EXPECT_EQ(c->shm_bytes_moved(), static_cast<int64_t>(3 * kBlockBytes));
+  absl::StatusOr<services::KvGetResult> got = c->GetPrefix(Chain(0, 4));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->blocks.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got->blocks[i].payload, p[i]) << i;
+  EXPECT_EQ(c->shm_bytes_moved(), static_cast<int64_t>(6 * kBlockBytes));
+  // A gRPC-only client reads what went in through shared memory.
+  got = KvClient(*d)->GetPrefix(Chain(0, 4));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->blocks.size(), 4u);
+
+  // Restarted on its address: the first call finds the segment unknown and
+  // fails (fail open), the next attaches again.
+  const std::string address = d->address("kvstore");
+  d->Signal(SIGKILL);
+  d->Wait(std::chrono::seconds(10));
+  d = StartKvstore({}, address);
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(PollUntil([&] { return c->Put(Blocks(p, 0)).ok() && c->shm_attached(); }));
+  got = c->GetPrefix(Chain(0, 4));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->blocks.size(), 4u);
+
+  // Shared memory off on the store: everything over gRPC, nothing refused.
+  auto off = StartKvstore({"--shm_dir="});
+  ASSERT_NE(off, nullptr);
+  auto g = services::KvStoreClient::Connect(off->address("kvstore"), ShmOptions(1 << 20));
+  ASSERT_TRUE(g->Put(Blocks(p, 0)).ok());
+  got = g->GetPrefix(Chain(0, 4));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->blocks.size(), 4u);
+  EXPECT_FALSE(g->shm_attached());
+  EXPECT_EQ(g->shm_bytes_moved(), 0);
 }
 
 TEST(KvstoreDaemonTest, PutGetLookupStatsAndDelete) {

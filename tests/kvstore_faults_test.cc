@@ -5,9 +5,12 @@
 // (SIGSTOP) or killed store whose client calls return within their deadline
 // and work again once it is back.
 #include <signal.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -18,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "ringlane/v1/kvstore.grpc.pb.h"
 #include "services/grpc_security.h"
+#include "services/shm_segment.h"
 #include "tests/support/kvstore.h"
 
 namespace ringlane::testing {
@@ -197,6 +201,62 @@ TEST(KvstoreFaultsTest, BadInputIsInvalidArgumentAndHarmless) {
   const std::string text = ScrapeMetrics(*d);
   EXPECT_GE(MetricValue(text, "ringlane_kvstore_rejected_calls_total{reason=\"invalid\"}"), 20);
   EXPECT_EQ(MetricValue(text, "ringlane_kvstore_checksum_failures_total{where=\"put\"}"), 1);
+}
+
+// AttachShm and shared-memory slices from a hostile or confused client: a
+// name that reaches out of the directory, a file that is not the caller's
+// (wrong token), an unknown segment, a slice past the segment's end.
+TEST(KvstoreFaultsTest, BadSharedMemoryRequestsAreRefusedAndHarmless) {
+  const std::string dir = ::testing::TempDir() + "/rl_shm_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto d = StartKvstore({"--shm_dir=" + dir});
+  ASSERT_NE(d, nullptr);
+  auto stub = Stub(*d);
+  auto attach = [&](const std::string& name, const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::AttachShmRequest req;
+    req.set_segment(name);
+    req.set_token(token);
+    v1::AttachShmResponse resp;
+    return stub->AttachShm(&ctx, req, &resp).error_code();
+  };
+  const std::string token(services::kShmTokenBytes, 'x');
+  EXPECT_EQ(attach("../../etc/passwd", token), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attach("ringlane-kv-../x", token), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attach("ringlane-kv-1", "short"), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(attach("ringlane-kv-nothere", token), grpc::StatusCode::FAILED_PRECONDITION);
+  auto seg = services::ShmSegment::Create(dir, 4096);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_EQ(attach((*seg)->name(), token), grpc::StatusCode::FAILED_PRECONDITION);  // not its token
+  // A link in the directory to a file outside it is not followed.
+  std::filesystem::create_symlink("/etc/hostname", dir + "/ringlane-kv-link");
+  EXPECT_NE(attach("ringlane-kv-link", token), grpc::StatusCode::OK);
+
+  const v1::BlockKey key = KvKey(1);
+  const std::string payload = KvPayload(1, 1000);
+  v1::KvBlockChunk c = Chunk(key, payload, 0, 1000);
+  c.clear_data();
+  c.mutable_shm()->set_segment((*seg)->name());
+  c.mutable_shm()->set_offset(services::kShmTokenBytes);
+  c.mutable_shm()->set_length(1000);
+  EXPECT_EQ(RawPut(*stub, {c}).error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // unattached
+  ASSERT_EQ(attach((*seg)->name(), std::string((*seg)->token())), grpc::StatusCode::OK);
+  c.mutable_shm()->set_offset(4000);  // 4000 + 1000 > 4096
+  EXPECT_EQ(RawPut(*stub, {c}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  c.mutable_shm()->set_offset(0);  // over the token
+  EXPECT_EQ(RawPut(*stub, {c}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Bytes that are not the payload's: its checksum refuses them.
+  c.mutable_shm()->set_offset(services::kShmTokenBytes);
+  EXPECT_EQ(RawPut(*stub, {c}).error_code(), grpc::StatusCode::DATA_LOSS);
+  std::memcpy((*seg)->data() + services::kShmTokenBytes, payload.data(), payload.size());
+  EXPECT_TRUE(RawPut(*stub, {c}).ok());
+  auto client = KvClient(*d);
+  auto got = client->GetPrefix({key});
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->blocks.size(), 1u);
+  EXPECT_EQ(got->blocks[0].payload, payload);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(KvstoreFaultsTest, AKillMidPutLeavesNothingOfTheUnfinishedBlock) {

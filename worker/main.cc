@@ -91,6 +91,9 @@ ABSL_FLAG(std::string, kvstore, "",
           "restores come from there (empty: no kvstore)");
 ABSL_FLAG(int, kvstore_deadline_ms, 300,
           "deadline of every kvstore call; a slower store counts as down for that call");
+ABSL_FLAG(int, kvstore_shm_mb, 64,
+          "MiB of the shared-memory segment payloads to and from a kvstore on the same node "
+          "travel through (0 = gRPC only; a kvstore that cannot see it is used over gRPC)");
 ABSL_FLAG(int, kvstore_queue_mb, 256,
           "payload MiB of offloaded blocks waiting for upload; beyond it new ones are dropped");
 
@@ -235,6 +238,10 @@ int main(int argc, char** argv) {
   if (kvstore_deadline_ms < 1 || kvstore_deadline_ms > 60000) {
     ExitWithUsageError("--kvstore_deadline_ms must be in [1, 60000]");
   }
+  const int kvstore_shm_mb = absl::GetFlag(FLAGS_kvstore_shm_mb);
+  if (kvstore_shm_mb < 0 || kvstore_shm_mb > 65536) {
+    ExitWithUsageError("--kvstore_shm_mb must be in [0, 65536]");
+  }
   const int kvstore_queue_mb = absl::GetFlag(FLAGS_kvstore_queue_mb);
   if (kvstore_queue_mb < 0 || kvstore_queue_mb > (1 << 20)) {
     ExitWithUsageError("--kvstore_queue_mb must be in [0, 1048576]");
@@ -331,13 +338,15 @@ int main(int argc, char** argv) {
     rs::KvStoreClientOptions ko;
     ko.deadline = std::chrono::milliseconds(kvstore_deadline_ms);
     ko.max_block_bytes = std::max<int64_t>(block_bytes, 1);
+    ko.shm_bytes = int64_t{kvstore_shm_mb} << 20;
     rw::KvStoreLinkOptions lo;
     lo.max_queued_bytes = static_cast<size_t>(kvstore_queue_mb) << 20;
     kvstore = std::make_unique<rw::KvStoreLink>(rs::KvStoreClient::Connect(kvstore_address, ko), lo,
                                                 &metrics);
     id.kvstore_address = kvstore_address;
     RL_LOG(INFO) << "kvstore at " << kvstore_address << " (deadline " << kvstore_deadline_ms
-                 << " ms, upload queue " << kvstore_queue_mb << " MiB)";
+                 << " ms, upload queue " << kvstore_queue_mb << " MiB, shared memory " << kvstore_shm_mb
+                 << " MiB when on the same node)";
   }
   rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics,
                             kvstore.get());

@@ -1,6 +1,7 @@
 #include "kvstore/server/kvstore_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -81,10 +82,24 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* ctx,
       return invalid(absl::StrCat("block ", blocks, ": total_bytes ", c.total_bytes(), " (1..",
                                   limits_.max_block_bytes, ")"));
     }
-    const int64_t n = static_cast<int64_t>(c.data().size());
-    if (n < 1 || n > limits_.max_chunk_bytes) {
-      return invalid(absl::StrCat("block ", blocks, ": chunk of ", n, " bytes (1..",
-                                  limits_.max_chunk_bytes, ")"));
+    // The chunk's bytes: inline, or a slice of the caller's segment (copied
+    // out below, and verified with the rest of the block).
+    std::shared_ptr<services::ShmSegment> seg;
+    if (c.has_shm()) {
+      seg = Segment(c.shm().segment());
+      if (seg == nullptr) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            "unknown shared-memory segment (attach it again)");
+      }
+      if (!c.data().empty() || !seg->Contains(c.shm().offset(), c.shm().length())) {
+        return invalid(absl::StrCat("block ", blocks, ": a shared-memory slice outside its ",
+                                    seg->size(), "-byte segment, or with inline data too"));
+      }
+    }
+    const int64_t n = seg ? c.shm().length() : static_cast<int64_t>(c.data().size());
+    const int64_t limit = seg ? limits_.max_block_bytes : limits_.max_chunk_bytes;
+    if (n < 1 || n > limit) {
+      return invalid(absl::StrCat("block ", blocks, ": chunk of ", n, " bytes (1..", limit, ")"));
     }
     std::string k = EncodeKey(c.key());
     if (key.empty()) {
@@ -105,7 +120,12 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* ctx,
     if (static_cast<int64_t>(payload.size()) + n > total) {
       return invalid(absl::StrCat("block ", blocks, ": more data than its ", total, " bytes"));
     }
-    payload += c.data();
+    if (seg) {
+      payload.append(reinterpret_cast<const char*>(seg->data()) + c.shm().offset(),
+                     static_cast<size_t>(n));
+    } else {
+      payload += c.data();
+    }
     if (static_cast<int64_t>(payload.size()) < total) continue;
     // Growth by appending may have left up to twice the size allocated;
     // the store keeps the block for long, so keep only what it needs.
@@ -146,6 +166,15 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* ctx, const v1::GetRequest*
   const int64_t chunk = req->max_chunk_bytes() > 0
                             ? req->max_chunk_bytes()
                             : std::min(kDefaultGetChunkBytes, limits_.max_chunk_bytes);
+  std::shared_ptr<services::ShmSegment> seg;
+  if (!req->shm_segment().empty()) {
+    seg = Segment(req->shm_segment());
+    if (seg == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "unknown shared-memory segment (attach it again)");
+    }
+  }
+  int64_t cursor = static_cast<int64_t>(services::kShmTokenBytes);
   for (const v1::BlockKey& k : req->keys()) {
     if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
     absl::StatusOr<Block> b = store_->Get(EncodeKey(k));
@@ -153,6 +182,20 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* ctx, const v1::GetRequest*
     if (!b.ok()) return services::ToGrpcStatus(b.status());
     const std::string& p = *b->payload;
     const int64_t size = static_cast<int64_t>(p.size());
+    if (seg && seg->Contains(cursor, size)) {
+      std::memcpy(seg->data() + cursor, p.data(), p.size());
+      v1::KvBlockChunk c;
+      *c.mutable_key() = k;
+      c.set_total_bytes(size);
+      c.set_payload_xxh64(b->xxh64);
+      c.mutable_shm()->set_segment(seg->name());
+      c.mutable_shm()->set_offset(cursor);
+      c.mutable_shm()->set_length(size);
+      cursor += size;
+      if (!writer->Write(c)) return grpc::Status::CANCELLED;
+      store_->CountBytesOut(size);
+      continue;
+    }
     for (int64_t off = 0; off < size; off += chunk) {
       v1::KvBlockChunk c;
       *c.mutable_key() = k;
@@ -202,6 +245,55 @@ grpc::Status KvStoreService::DeleteModel(grpc::ServerContext* ctx,
   absl::StatusOr<v1::DeleteModelResponse> r = store_->DeleteModel(req->model_id());
   if (!r.ok()) return services::ToGrpcStatus(r.status());
   *resp = *r;
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<services::ShmSegment> KvStoreService::Segment(const std::string& name) {
+  absl::MutexLock l(&shm_mu_);
+  for (const auto& s : segments_) {
+    if (s->name() == name) return s;
+  }
+  return nullptr;
+}
+
+grpc::Status KvStoreService::AttachShm(grpc::ServerContext* ctx, const v1::AttachShmRequest* req,
+                                       v1::AttachShmResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (limits_.shm_dir.empty()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "shared memory is off on this kvstore (--shm_dir)");
+  }
+  if (!services::ShmSegment::ValidName(req->segment()) ||
+      req->token().size() != services::kShmTokenBytes) {
+    return Invalid(absl::InvalidArgumentError(
+        "segment: a name \"ringlane-kv-\" then 1..64 of [a-z0-9-], and a 16-byte token"));
+  }
+  if (std::shared_ptr<services::ShmSegment> s = Segment(req->segment())) {
+    if (s->token() == req->token()) {
+      resp->set_size_bytes(static_cast<int64_t>(s->size()));
+      return grpc::Status::OK;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<services::ShmSegment>> seg =
+      services::ShmSegment::Open(limits_.shm_dir, req->segment(), req->token(),
+                                 static_cast<size_t>(limits_.max_shm_segment_bytes));
+  if (!seg.ok()) {
+    if (absl::IsInvalidArgument(seg.status())) return Invalid(seg.status());
+    return services::ToGrpcStatus(seg.status());
+  }
+  resp->set_size_bytes(static_cast<int64_t>((*seg)->size()));
+  absl::MutexLock l(&shm_mu_);
+  // One segment per name: a re-attach (the client made a new one under the
+  // name after a restart) replaces the old mapping.
+  for (auto it = segments_.begin(); it != segments_.end(); ++it) {
+    if ((*it)->name() == req->segment()) {
+      segments_.erase(it);
+      break;
+    }
+  }
+  while (static_cast<int>(segments_.size()) >= limits_.max_shm_segments) segments_.pop_front();
+  segments_.push_back(std::move(*seg));
   return grpc::Status::OK;
 }
 

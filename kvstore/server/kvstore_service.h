@@ -12,9 +12,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "kvstore/store.h"
 #include "ringlane/v1/kvstore.grpc.pb.h"
+#include "services/shm_segment.h"
 
 namespace ringlane::kvstore {
 
@@ -28,6 +34,12 @@ struct ServiceLimits {
   int max_keys_per_request = 4096;
   // Calls served at once (each Put may hold max_block_bytes).
   int max_concurrent_calls = 64;
+  // Shared-memory transport (AttachShm): the directory segments must be in
+  // ("" = off), their largest size, and how many stay attached (the oldest
+  // is dropped for a new one; its client re-attaches).
+  std::string shm_dir = "/dev/shm";
+  int64_t max_shm_segment_bytes = int64_t{1} << 30;
+  int max_shm_segments = 64;
 };
 
 // Get's chunk size when the request says 0.
@@ -48,6 +60,8 @@ class KvStoreService final : public v1::KvStore::Service {
                      v1::StatsResponse* resp) override;
   grpc::Status DeleteModel(grpc::ServerContext* ctx, const v1::DeleteModelRequest* req,
                            v1::DeleteModelResponse* resp) override;
+  grpc::Status AttachShm(grpc::ServerContext* ctx, const v1::AttachShmRequest* req,
+                         v1::AttachShmResponse* resp) override;
 
   // Calls refused for being over the limit, and calls that failed with
   // INVALID_ARGUMENT, since start.
@@ -58,12 +72,16 @@ class KvStoreService final : public v1::KvStore::Service {
   class CallSlot;
   grpc::Status Invalid(const absl::Status& s);
   grpc::Status CheckKeys(const google::protobuf::RepeatedPtrField<v1::BlockKey>& keys);
+  // The attached segment `name`, or null.
+  std::shared_ptr<services::ShmSegment> Segment(const std::string& name);
 
   Store* const store_;
   const ServiceLimits limits_;
   std::atomic<int> active_calls_{0};
   std::atomic<int64_t> rejected_busy_{0};
   std::atomic<int64_t> rejected_invalid_{0};
+  absl::Mutex shm_mu_;
+  std::deque<std::shared_ptr<services::ShmSegment>> segments_ ABSL_GUARDED_BY(shm_mu_);
 };
 
 }  // namespace ringlane::kvstore
