@@ -78,6 +78,9 @@ bool KvStoreClient::UseShm() {
   // A refusal (another node, shared memory off) is asked again only now and
   // then: the answer rarely changes.
   shm_retry_at_ = now + std::chrono::seconds(10);
+  // A segment attached before was unlinked then; a store that restarted
+  // needs a new one to find by name.
+  if (shm_ != nullptr && !shm_->linked()) shm_.reset();
   if (shm_ == nullptr) {
     auto seg = ShmSegment::Create(options_.shm_dir, static_cast<size_t>(options_.shm_bytes));
     if (!seg.ok()) return false;
@@ -90,6 +93,13 @@ bool KvStoreClient::UseShm() {
   req.set_token(std::string(shm_->token()));
   v1::AttachShmResponse resp;
   shm_attached_ = stub_->AttachShm(&ctx, req, &resp).ok();
+  // Named only while the store may open it: attached, or refused (then
+  // dropped, and made again at the next try), the file is gone either way.
+  if (shm_attached_) {
+    shm_->Unlink();
+  } else {
+    shm_.reset();
+  }
   return shm_attached_;
 }
 

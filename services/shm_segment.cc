@@ -97,9 +97,14 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
   return seg;
 }
 
+void ShmSegment::Unlink() {
+  if (owner_ && linked_) ::unlink(path_.c_str());
+  linked_ = false;
+}
+
 ShmSegment::~ShmSegment() {
   ::munmap(data_, size_);
-  if (owner_) ::unlink(path_.c_str());
+  Unlink();
 }
 
 bool ShmSegment::Contains(int64_t offset, int64_t length) const {

@@ -47,6 +47,11 @@ class ShmSegment {
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // Removes the file (the owner's mapping, and the store's, stay): once the
+  // store attached it, nothing needs the name, and a client killed later
+  // leaves nothing behind in the directory.
+  void Unlink();
+  bool linked() const { return linked_; }
   // Whether [offset, offset + length) lies past the token and inside.
   bool Contains(int64_t offset, int64_t length) const;
 
@@ -58,6 +63,7 @@ class ShmSegment {
   uint8_t* const data_;
   const size_t size_;
   const bool owner_;  // unlinks the file at destruction
+  bool linked_ = true;
 };
 
 }  // namespace ringlane::services

@@ -5,8 +5,10 @@
 // Faults (bad input, a frozen or killed store, a crash mid-put) are in
 // kvstore_faults_test.cc.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -66,6 +68,13 @@ TEST(KvstoreDaemonTest, SharedMemoryCarriesPayloadsAndFallsBackToGrpc) {
   EXPECT_EQ(put->num_blocks(), 4);
   EXPECT_TRUE(c->shm_attached());
   EXPECT_EQ(c->shm_bytes_moved(), static_cast<int64_t>(3 * kBlockBytes));
+  // Attached, the segment needs no name: nothing is left in /dev/shm for a
+  // client that is killed.
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(
+        e.path().filename().string().rfind("ringlane-kv-" + std::to_string(getpid()) + "-", 0), 0u)
+        << e.path();
+  }
   absl::StatusOr<services::KvGetResult> got = c->GetPrefix(Chain(0, 4));
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->blocks.size(), 4u);
