@@ -294,14 +294,6 @@ TEST(KvstoreFaultsTest, AKillMidPutLeavesNothingOfTheUnfinishedBlock) {
   EXPECT_EQ(got->blocks[0].payload, done);
 }
 
-// The state letter of /proc/PID/stat ('T' once SIGSTOP took effect).
-char ProcessState(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(f)), {});
-  const size_t close = stat.rfind(')');
-  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
-}
-
 // Each call's time to fail, which must stay under 3x the deadline: a hang
 // test, not a speed test.
 void ExpectEveryCallFailsWithin(services::KvStoreClient& c, std::chrono::milliseconds deadline) {

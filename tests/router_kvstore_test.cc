@@ -223,7 +223,7 @@ TEST(RouterKvstoreTest, AFrozenOrKilledStoreCostsRecomputationNotErrors) {
     return got;
   };
   const std::vector<CallOut> healthy = five(20, "store up");
-  ASSERT_EQ(kill(kv->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(testing::Freeze(kv->pid()));
   const double misses_before = RouterMetric(*c, "ringlane_kvstore_restores_total");
   const std::vector<CallOut> frozen = five(30, "store frozen");
   EXPECT_GT(RouterMetric(*c, "ringlane_kvstore_restores_total"), misses_before)

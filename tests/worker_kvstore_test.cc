@@ -262,7 +262,7 @@ TEST(WorkerKvstoreTest, RestoreFailsOpenAndRefusesBadRequests) {
   EXPECT_EQ(resp.stopped(), "not stored");
 
   // A frozen store: 0 within a few deadlines, and rounds go on meanwhile.
-  ASSERT_EQ(kill(kv->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(testing::Freeze(kv->pid()));
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(CallRestore(g.rank(0).address(), Restore({{0, 'a'}}), &resp).ok());
   const auto took = std::chrono::steady_clock::now() - t0;

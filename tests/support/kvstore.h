@@ -6,11 +6,14 @@
 #ifndef RINGLANE_TESTS_SUPPORT_KVSTORE_H_
 #define RINGLANE_TESTS_SUPPORT_KVSTORE_H_
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -91,6 +94,21 @@ bool PollUntil(F done, std::chrono::milliseconds timeout = std::chrono::seconds(
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return true;
+}
+
+// The state letter of /proc/PID/stat ('T' once SIGSTOP took effect).
+inline char ProcessState(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), {});
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+}
+
+// SIGSTOPs `pid` and waits until it is stopped (the signal is delivered
+// asynchronously: a call made right after kill() may still be served).
+inline bool Freeze(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  return PollUntil([&] { return ProcessState(pid) == 'T'; });
 }
 
 // Body of GET /metrics; empty, after a failed expectation, on failure.
