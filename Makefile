@@ -20,7 +20,7 @@ WORKER_THREADS ?= 1
 PROMPT ?=
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
-	fuzz fuzz-smoke bench kvstore-bench soak format clean
+	fuzz fuzz-smoke bench kvstore-bench soak monitor format clean
 
 all: build
 
@@ -44,6 +44,12 @@ test: build fuzz-targets
 serve: build
 	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
 	  deploy/local/serve.sh "$(PROMPT)"
+
+# Debian's Prometheus with deploy/prometheus/ (scrape config and alert rules)
+# against the cluster `make serve` runs (its LISTENING lines in $(BUILD)/serve/),
+# on http://127.0.0.1:9090 (PROM_LISTEN=); start it in a second terminal.
+monitor: deps
+	@BUILD=$(BUILD) deploy/prometheus/monitor.sh
 
 # The generator over the engine in one process (no daemons).
 generate: build
