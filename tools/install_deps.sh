@@ -16,6 +16,7 @@ PACKAGES=(
   libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev librocksdb-dev
   gnuplot-nox prometheus
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+  debootstrap podman
   ccache clang openssl
 )
 
