@@ -9,7 +9,8 @@
 #     installed with npm ci), the wiring between objects, and the daemons'
 #     flags, ranks, world size and ports against the binaries in BUILD;
 #   - renders that must fail do, with their message (ringNodes that do not
-#     match worldSize, a router without API keys that is not allowed to be);
+#     match worldSize, a router without API keys that is not allowed to be, an
+#     empty collective port range);
 #   - a rendering with a port that is not a number fails validation.
 #
 #   tests/helm/run.sh [BUILD]
@@ -70,6 +71,7 @@ must_fail() {
 must_fail "3 ring nodes for 4 ranks" "worker.ringNodes has 3 entries for worker.worldSize 4" \
   'worker: {ringNodes: [{name: a, address: 1.1.1.1}, {name: b, address: 1.1.1.2}, {name: c, address: 1.1.1.3}]}'
 must_fail "no API keys, not allowed" "router.allowUnauthenticated" 'apiKeys: {secretName: ""}'
+must_fail "an empty collective port range" "worker.collectivePorts" 'worker: {collectivePorts: {min: 50090, max: 50089}}'
 
 # The validator itself catches a broken rendering.
 printf 'worker: {ports: {grpc: "grpc-port"}}\n' >"$OUT/bad.yaml"

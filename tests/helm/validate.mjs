@@ -212,6 +212,15 @@ for (let r = 0; r < values.worker.worldSize; r++) {
   check(Number(a.world_size) === values.worker.worldSize, `${who}: --world_size=${a.world_size}`);
   const [host, port] = [a.listen.slice(0, a.listen.lastIndexOf(':')), Number(a.listen.split(':').pop())];
   check(port === wcp.grpc && Number(a.metrics_port) === wcp.metrics, `${who}: --listen port ${port} and --metrics_port ${a.metrics_port} are declared`);
+  // Every port of --collective_ports is a declared container port, and no
+  // other port is declared.
+  const [lo, hi] = String(a.collective_ports).split('-').map(Number);
+  const declaredColl = Object.entries(wcp).filter(([n]) => n.startsWith('coll-')).map(([, p]) => p).sort((x, y) => x - y);
+  const range = [];
+  for (let p = lo; p <= hi; p++) range.push(p);
+  check(lo >= 1 && JSON.stringify(declaredColl) === JSON.stringify(range),
+    `${who}: --collective_ports=${a.collective_ports}, each port declared (${declaredColl.join(', ')})`);
+  check(Object.keys(wcp).length === 2 + range.length, `${who}: the container declares gRPC, metrics and the collective ports only`);
   // Where the router dials this rank: its ring address, or its pod's DNS name.
   const dialled = workers[r];
   if (ring) check(dialled === `${host}:${port}` && host === ring[r].address, `${who}: listens on ${a.listen}, where the router dials it`);

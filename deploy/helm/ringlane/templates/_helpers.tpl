@@ -107,6 +107,9 @@ grpc:
 {{- define "ringlane.checkValues" -}}
 {{- $v := .Values.worker -}}
 {{- if lt (int $v.worldSize) 1 }}{{ fail "worker.worldSize must be at least 1" }}{{ end -}}
+{{- if or (lt (int $v.collectivePorts.min) 1) (lt (int $v.collectivePorts.max) (int $v.collectivePorts.min)) (gt (int $v.collectivePorts.max) 65535) }}
+{{- fail "worker.collectivePorts: min and max with 1 <= min <= max <= 65535" }}
+{{- end -}}
 {{- if and $v.ringNodes (ne (len $v.ringNodes) (int $v.worldSize)) }}
 {{- fail (printf "worker.ringNodes has %d entries for worker.worldSize %d" (len $v.ringNodes) (int $v.worldSize)) }}
 {{- end -}}
