@@ -175,6 +175,14 @@ if (ds) {
   const kcp = containerPorts(ds);
   kvPort = Number(kv.listen.split(':').pop());
   check(kvPort === kcp.grpc && Number(kv.metrics_port) === kcp.metrics, 'kvstore: --listen and --metrics_port are the declared ports');
+  if (values.kvstore.disk.enabled) {
+    const vol = podOf(ds).spec.volumes.find((v) => v.name === 'disk');
+    const init = (podOf(ds).spec.initContainers || []).find((c) => c.name === 'disk-owner');
+    check(vol?.hostPath?.path === values.kvstore.disk.hostPath && kc.volumeMounts.some((m) => m.name === 'disk' && m.mountPath === kv.disk_dir),
+      `kvstore: --disk_dir=${kv.disk_dir} is the hostPath ${values.kvstore.disk.hostPath}`);
+    check(init && init.command.join(' ') === `/bin/chown 10001:10001 ${kv.disk_dir}` && init.volumeMounts.some((m) => m.name === 'disk' && m.mountPath === kv.disk_dir),
+      'kvstore: an init container gives the disk directory to user 10001');
+  }
   // The workers dial $HOST_IP:port: the kvstore is there on the host network,
   // or behind a hostPort of that port.
   const envOf = Object.fromEntries(kc.env.map((e) => [e.name, e.valueFrom?.fieldRef?.fieldPath]));

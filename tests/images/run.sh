@@ -48,6 +48,12 @@ done
 echo "ok   no compiler or build tool in the image" >&2
 grep -q '^ringlane:x:10001:10001:' "$ROOTFS/etc/passwd" || die "no user ringlane (10001)"
 echo "ok   user ringlane is 10001" >&2
+# What the Helm chart runs besides the daemons: the workers' start script
+# (/bin/sh -ec) and the kvstore's init container (/bin/chown).
+POD_NAME=ringlane-worker-3 chroot "$ROOTFS" /bin/sh -ec 'rank="${POD_NAME##*-}"; [ "$rank" = 3 ]' </dev/null ||
+  die "/bin/sh of the image cannot run the workers' start script"
+[ -x "$ROOTFS/bin/chown" ] || die "no /bin/chown for the kvstore's init container"
+echo "ok   the chart's /bin/sh start script and /bin/chown run in the image" >&2
 
 rm -rf "$OUT" "$ROOTFS/tmp/image-test"
 mkdir -p "$OUT" "$ROOTFS/tmp/image-test"
