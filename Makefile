@@ -20,7 +20,7 @@ WORKER_THREADS ?= 1
 PROMPT ?=
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
-	fuzz fuzz-smoke bench kvstore-bench soak format clean
+	fuzz fuzz-smoke bench kvstore-bench soak monitor image-cpu image-cuda format clean
 
 all: build
 
@@ -44,6 +44,23 @@ test: build fuzz-targets
 serve: build
 	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
 	  deploy/local/serve.sh "$(PROMPT)"
+
+# Debian's Prometheus with deploy/prometheus/ (scrape config and alert rules)
+# against the cluster `make serve` runs (its LISTENING lines in $(BUILD)/serve/),
+# on http://127.0.0.1:9090 (PROM_LISTEN=); start it in a second terminal.
+monitor: deps
+	@BUILD=$(BUILD) deploy/prometheus/monitor.sh
+
+# The container images (deploy/images; root, debootstrap from the Debian
+# registry, podman where installed): the CPU image from $(BUILD)-cpu, a build
+# without CUDA, and the CUDA image from $(BUILD). Checked by ctest
+# image_cpu_test / image_cuda_test.
+image-cpu: deps
+	@cmake -S . -B $(BUILD)-cpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRINGLANE_WITH_CUDA=OFF >/dev/null
+	@cmake --build $(BUILD)-cpu -j$(JOBS) --target ringlane-worker ringlane-router ringlane-kvstore
+	@deploy/images/build.sh cpu $(BUILD)-cpu
+image-cuda: build
+	@deploy/images/build.sh cuda $(BUILD)
 
 # The generator over the engine in one process (no daemons).
 generate: build

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ringlane builds against, then the npm packages
-# of tests/openai_client (the pinned `openai` client). Idempotent: does nothing
+# of tests/openai_client (the pinned `openai` client) and tests/helm (the
+# pinned kubernetes-models schemas). Idempotent: does nothing
 # when every package is already installed and node_modules is up to date. Uses
 # sudo only when not root.
 set -euo pipefail
@@ -14,6 +15,8 @@ PACKAGES=(
   libgloo-dev libibverbs-dev librdmacm-dev
   libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libicu-dev librocksdb-dev
   gnuplot-nox prometheus
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+  debootstrap podman
   ccache clang openssl
 )
 
@@ -35,19 +38,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The npm packages of tests/openai_client, as package-lock.json pins them, when
-# node_modules is missing or older than the lock (npm ci rewrites
-# node_modules/.package-lock.json, the stamp). A failure here only warns:
+# The npm packages of tests/openai_client and tests/helm, as their
+# package-lock.json pins them, when node_modules is missing or older than the
+# lock (npm ci rewrites node_modules/.package-lock.json, the stamp). A failure here only warns:
 # `make serve` does not need them, and the test itself says what is missing.
-NPM_DIR="$ROOT/tests/openai_client"
-if [ -f "$NPM_DIR/package.json" ] &&
-   { [ ! -f "$NPM_DIR/node_modules/.package-lock.json" ] ||
-     [ "$NPM_DIR/package-lock.json" -nt "$NPM_DIR/node_modules/.package-lock.json" ]; }; then
-  if ! command -v npm >/dev/null 2>&1; then
-    echo "install_deps: npm not found; tests/openai_client needs Node.js 20+ with npm" >&2
-  else
-    echo "install_deps: npm ci in tests/openai_client" >&2
-    (cd "$NPM_DIR" && npm ci --no-audit --no-fund --prefer-offline --loglevel=error >/dev/null) ||
-      echo "install_deps: npm ci in tests/openai_client failed" >&2
+for NPM_DIR in "$ROOT/tests/openai_client" "$ROOT/tests/helm"; do
+  if [ -f "$NPM_DIR/package.json" ] &&
+     { [ ! -f "$NPM_DIR/node_modules/.package-lock.json" ] ||
+       [ "$NPM_DIR/package-lock.json" -nt "$NPM_DIR/node_modules/.package-lock.json" ]; }; then
+    if ! command -v npm >/dev/null 2>&1; then
+      echo "install_deps: npm not found; ${NPM_DIR#"$ROOT"/} needs Node.js 20+ with npm" >&2
+    else
+      echo "install_deps: npm ci in ${NPM_DIR#"$ROOT"/}" >&2
+      (cd "$NPM_DIR" && npm ci --no-audit --no-fund --prefer-offline --loglevel=error >/dev/null) ||
+        echo "install_deps: npm ci in ${NPM_DIR#"$ROOT"/} failed" >&2
+    fi
   fi
-fi
+done

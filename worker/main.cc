@@ -18,8 +18,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "services/flags_util.h"
@@ -51,6 +53,10 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, collective_host, "",
           "address the collectives bind to and advertise to peers; default: the --listen host "
           "(127.0.0.1 when that is a wildcard)");
+ABSL_FLAG(std::string, collective_ports, "",
+          "LO-HI: the port range the TCP collectives listen in (the first free port), so a "
+          "firewall or NetworkPolicy can allow them; empty: the kernel picks. Give at least two "
+          "ports: a re-formation binds while the previous formation's socket is open");
 ABSL_FLAG(std::string, transport, "auto",
           "collectives transport: auto (ibverbs where an RDMA device exists, else TCP), tcp or "
           "ibverbs");
@@ -174,6 +180,16 @@ int main(int argc, char** argv) {
     }
   } else if (world > 1 && rank != 0) {
     ExitWithUsageError("--rendezvous is required on ranks other than 0");
+  }
+  int collective_port_min = 0, collective_port_max = 0;
+  if (const std::string ports = absl::GetFlag(FLAGS_collective_ports); !ports.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(ports, '-');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &collective_port_min) ||
+        !absl::SimpleAtoi(parts[1], &collective_port_max) || collective_port_min < 1 ||
+        collective_port_max > 65535 || collective_port_min > collective_port_max) {
+      ExitWithUsageError(absl::StrCat("--collective_ports: '", ports,
+                                      "' is not LO-HI with 1 <= LO <= HI <= 65535"));
+    }
   }
   std::string listen_flag = absl::GetFlag(FLAGS_listen);
   if (listen_flag.empty()) listen_flag = absl::StrCat("127.0.0.1:", 50061 + rank);
@@ -314,6 +330,8 @@ int main(int argc, char** argv) {
   go.world_size = world;
   go.host = absl::GetFlag(FLAGS_collective_host);
   if (go.host.empty()) go.host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;
+  go.port_min = collective_port_min;
+  go.port_max = collective_port_max;
   go.join_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   go.collective_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
   go.kv_pool = pool;

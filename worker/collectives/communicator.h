@@ -53,6 +53,12 @@ struct GlooOptions {
   std::string file_store_dir;
   // Address to bind and advertise.
   std::string host = "127.0.0.1";
+  // TCP transport: the port range [port_min, port_max] the device's listening
+  // socket binds in (the first free one), so a firewall can allow it; 0, 0:
+  // the kernel picks. A range of two or more lets a re-formation bind while
+  // the previous formation's socket is still open.
+  int port_min = 0;
+  int port_max = 0;
   std::chrono::milliseconds timeout{30000};
   // ...or, when set, through the gRPC Rendezvous service at this host:port,
   // under `group` (worker/rendezvous/rendezvous.h).

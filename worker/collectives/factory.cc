@@ -18,6 +18,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
     g.rank = options.rank;
     g.world_size = options.world_size;
     g.host = options.host;
+    g.port_min = options.port_min;
+    g.port_max = options.port_max;
     g.timeout = options.timeout;
     g.rendezvous_address = options.rendezvous_address;
     g.group = options.group;

@@ -38,6 +38,9 @@ struct CommunicatorOptions {
   std::string host = "127.0.0.1";
   std::string transport = "auto";
   std::string tcp_wait = "blocking";
+  // Gloo TCP: the listening port's range (GlooOptions::port_min/port_max).
+  int port_min = 0;
+  int port_max = 0;
 };
 
 // A connected communicator for rank `options.rank`: the single-rank no-op

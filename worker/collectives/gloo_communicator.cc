@@ -1,6 +1,9 @@
 // Gloo over TCP or ibverbs. Gloo reports failures by throwing; every call is
 // wrapped here so none escapes into the engine (STYLE: no exceptions across
 // threads or RPCs), and a failure becomes Unavailable.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -222,6 +225,35 @@ class GlooCommunicator final : public Communicator {
   size_t bound_bytes_ = 0;  // staging bytes held by allgathers_ and broadcasts_
 };
 
+// A TCP device whose listening socket binds to the first free port of
+// [port_min, port_max] on attr.hostname: CreateDevice resolves the address
+// with port 0 (the kernel's choice), so the port is set in the resolved
+// address and the Device is built from it. Throws (inside Guard) when every
+// port of the range is taken.
+std::shared_ptr<gloo::transport::Device> CreateTcpDeviceInRange(
+    const gloo::transport::tcp::attr& src, int port_min, int port_max) {
+  gloo::transport::tcp::attr attr = gloo::transport::tcp::CreateDeviceAttr(src);
+  std::string last_error;
+  for (int port = port_min; port <= port_max; ++port) {
+    auto* ss = reinterpret_cast<sockaddr_storage*>(&attr.ai_addr);
+    if (ss->ss_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(ss)->sin_port = htons(static_cast<uint16_t>(port));
+    } else if (ss->ss_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(ss)->sin6_port = htons(static_cast<uint16_t>(port));
+    } else {
+      throw std::runtime_error("collectives: the address of " + src.hostname +
+                               " is neither IPv4 nor IPv6");
+    }
+    try {
+      return std::make_shared<gloo::transport::tcp::Device>(attr);
+    } catch (const std::exception& e) {
+      last_error = e.what();  // taken: try the next port
+    }
+  }
+  throw std::runtime_error(absl::StrCat("collectives: no free port in ", port_min, "-", port_max,
+                                        " on ", src.hostname, " (", last_error, ")"));
+}
+
 absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> Connect(const GlooOptions& o,
                                                                    GlooTransport transport) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
@@ -250,7 +282,11 @@ absl::StatusOr<std::shared_ptr<gloo::rendezvous::Context>> Connect(const GlooOpt
     } else {
       gloo::transport::tcp::attr attr;
       attr.hostname = o.host;
-      dev = gloo::transport::tcp::CreateDevice(attr);
+      if (o.port_min <= 0) {
+        dev = gloo::transport::tcp::CreateDevice(attr);
+      } else {
+        dev = CreateTcpDeviceInRange(attr, o.port_min, o.port_max);
+      }
     }
     std::unique_ptr<gloo::rendezvous::Store> store;
     if (!o.rendezvous_address.empty()) {

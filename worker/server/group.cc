@@ -148,6 +148,8 @@ void GroupMember::FormAndServe() {
   co.group = store_group;
   co.timeout = o.collective_timeout;
   co.host = o.host;
+  co.port_min = o.port_min;
+  co.port_max = o.port_max;
   co.transport = o.transport;
   co.tcp_wait = o.tcp_wait;
   absl::StatusOr<std::unique_ptr<Communicator>> c = CreateCommunicator(co);

@@ -35,8 +35,11 @@ struct GroupOptions {
   int world_size = 1;
   // host:port of the Rendezvous service (world_size > 1).
   std::string rendezvous_address;
-  // Address this rank's collectives bind to and advertise.
+  // Address this rank's collectives bind to and advertise, and the port
+  // range Gloo's TCP transport listens in (0, 0: the kernel picks).
   std::string host = "127.0.0.1";
+  int port_min = 0;
+  int port_max = 0;
   // How long one Join waits for the other ranks before it logs who is
   // missing (and tries again).
   std::chrono::milliseconds join_timeout{60000};
