@@ -28,6 +28,7 @@
 #include "prometheus/exposer.h"
 #include "services/flags_util.h"
 #include "services/grpc_security.h"
+#include "services/health_port.h"
 #include "services/log.h"
 #include "services/signals.h"
 
@@ -51,6 +52,9 @@ ABSL_FLAG(int64_t, max_chunk_bytes, int64_t{4} << 20,
           "largest data of one Put chunk, and largest chunk a Get may ask for");
 ABSL_FLAG(int, max_keys_per_request, 4096, "most keys in one Get or Lookup");
 ABSL_FLAG(int, max_concurrent_calls, 64, "calls served at once; more fail with RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, health_listen, "",
+          "also serve grpc.health.v1 alone, in plaintext, on this host:port (for probes that "
+          "cannot present a client certificate); empty = none");
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",
           "where clients on this node put the shared-memory segments payloads travel through "
           "(AttachShm); empty = gRPC only");
@@ -209,6 +213,16 @@ int main(int argc, char** argv) {
                   << ")";
     return 1;
   }
+  std::unique_ptr<rs::HealthPort> health_port;
+  if (const std::string hl = absl::GetFlag(FLAGS_health_listen); !hl.empty()) {
+    auto hp = rs::HealthPort::Start(hl, {"ringlane.v1.KvStore"});
+    if (!hp.ok()) {
+      RL_LOG(ERROR) << "--health_listen: " << hp.status().message();
+      return 1;
+    }
+    health_port = std::move(*hp);
+    health_port->Set(true);
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) {
     health->SetServingStatus(true);
@@ -216,6 +230,9 @@ int main(int argc, char** argv) {
   }
   const std::string reach_host = IsWildcard(listen->first) ? "127.0.0.1" : listen->first;
   std::printf("LISTENING kvstore=%s\n", rs::JoinHostPort(reach_host, port).c_str());
+  if (health_port) {
+    std::printf("LISTENING health=%s\n", rs::JoinHostPort(reach_host, health_port->port()).c_str());
+  }
   if (exposer) {
     std::vector<int> ports = exposer->GetListeningPorts();
     std::printf("LISTENING metrics=%s\n",
@@ -235,6 +252,7 @@ int main(int argc, char** argv) {
   RL_LOG(INFO) << "signal " << sig << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_ms)
                << " ms)";
   if (health != nullptr) health->SetServingStatus(false);
+  if (health_port) health_port->Set(false);
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms)));
   if (exposer) exposer->RemoveCollectable(collector);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/support/kvstore.h"
 
@@ -107,6 +108,26 @@ TEST(KvstoreDaemonTest, SharedMemoryCarriesPayloadsAndFallsBackToGrpc) {
   EXPECT_EQ(got->blocks.size(), 4u);
   EXPECT_FALSE(g->shm_attached());
   EXPECT_EQ(g->shm_bytes_moved(), 0);
+}
+
+// --health_listen: plaintext health alone, for probes without a certificate.
+TEST(KvstoreDaemonTest, TheHealthPortServesHealthAlone) {
+  auto d = Daemon::Start(kKvstoreBin, {"--listen=127.0.0.1:0", "--health_listen=127.0.0.1:0"},
+                         {"kvstore", "health"}, std::chrono::seconds(30));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto ch = grpc::CreateChannel((*d)->address("health"), grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("ringlane.v1.KvStore");
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(grpc::health::v1::Health::NewStub(ch)->Check(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatsResponse st;
+  EXPECT_EQ(v1::KvStore::NewStub(ch)->Stats(&ctx2, v1::StatsRequest(), &st).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST(KvstoreDaemonTest, PutGetLookupStatsAndDelete) {

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "ringlane/v1/rendezvous.grpc.pb.h"
@@ -25,6 +26,7 @@
 #include "services/http_client.h"
 #include "tests/support/cluster.h"
 #include "tests/support/http_probe.h"
+#include "tests/support/kvstore.h"
 #include "tests/support/lane_runner.h"
 #include "tests/support/worker_rpc.h"
 
@@ -290,6 +292,39 @@ TEST(SecurityFlagsTest, TlsFlagsGoTogetherAndTheirFilesMustBeReadable) {
 
 // One TLS worker: outsiders are refused at the handshake and its KV pool is
 // what the authorized client left there.
+// Probes that cannot present a client certificate (the kubelet's) get a
+// plaintext port with the health service alone: it says SERVING once the
+// group is formed, and serves nothing else.
+TEST(WorkerMutualTlsTest, TheHealthPortIsPlaintextAndServesOnlyHealth) {
+  WorkerGroup ranks(1,
+                    [] {
+                      std::vector<std::string> f = TlsFlags("a");
+                      f.push_back("--health_listen=127.0.0.1:0");
+                      return f;
+                    }(),
+                    {"worker", "health"});
+  ASSERT_TRUE(ranks.Start());
+  auto ch =
+      grpc::CreateChannel(ranks.rank(0).address("health"), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(ch);
+  auto status = [&](const std::string& service) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status st = health->Check(&ctx, req, &resp);
+    return st.ok() ? static_cast<int>(resp.status()) : -static_cast<int>(st.error_code());
+  };
+  EXPECT_TRUE(testing::PollUntil([&] {
+    return status("ringlane.v1.Worker") == grpc::health::v1::HealthCheckResponse::SERVING;
+  })) << status("ringlane.v1.Worker");
+  EXPECT_EQ(status(""), grpc::health::v1::HealthCheckResponse::SERVING);
+  // The Worker service is not there: only behind mutual TLS.
+  auto plain = WorkerStub(ranks.rank(0).address("health"), grpc::InsecureChannelCredentials());
+  EXPECT_EQ(GetInfo(*plain).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
 TEST(WorkerMutualTlsTest, PlaintextAndForeignPeersAreRefusedAndTheKvIsUnchanged) {
   WorkerGroup ranks(1, [] {
     std::vector<std::string> f = TlsFlags("a");

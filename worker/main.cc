@@ -26,6 +26,7 @@
 #include "prometheus/registry.h"
 #include "services/flags_util.h"
 #include "services/grpc_security.h"
+#include "services/health_port.h"
 #include "services/kvstore_client.h"
 #include "services/log.h"
 #include "services/signals.h"
@@ -92,6 +93,9 @@ ABSL_FLAG(bool, allow_plaintext, false,
           "serve a non-loopback --listen without TLS (anyone who reaches it can run rounds and "
           "read or overwrite KV blocks)");
 
+ABSL_FLAG(std::string, health_listen, "",
+          "also serve grpc.health.v1 alone, in plaintext, on this host:port (for probes that "
+          "cannot present a client certificate); empty = none");
 ABSL_FLAG(std::string, kvstore, "",
           "host:port of this node's ringlane-kvstore: blocks the router offloads go there and "
           "restores come from there (empty: no kvstore)");
@@ -363,8 +367,8 @@ int main(int argc, char** argv) {
                                                 &metrics);
     id.kvstore_address = kvstore_address;
     RL_LOG(INFO) << "kvstore at " << kvstore_address << " (deadline " << kvstore_deadline_ms
-                 << " ms, upload queue " << kvstore_queue_mb << " MiB, shared memory " << kvstore_shm_mb
-                 << " MiB when on the same node)";
+                 << " ms, upload queue " << kvstore_queue_mb << " MiB, shared memory "
+                 << kvstore_shm_mb << " MiB when on the same node)";
   }
   rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics,
                             kvstore.get());
@@ -400,8 +404,18 @@ int main(int argc, char** argv) {
   // Known only now that the server has its port.
   group.set_rendezvous_address(rendezvous);
 
+  std::unique_ptr<rs::HealthPort> health_port;
+  if (const std::string hl = absl::GetFlag(FLAGS_health_listen); !hl.empty()) {
+    auto hp = rs::HealthPort::Start(hl, {"ringlane.v1.Worker"});
+    if (!hp.ok()) {
+      RL_LOG(ERROR) << "--health_listen: " << hp.status().message();
+      return 1;
+    }
+    health_port = std::move(*hp);
+  }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  auto set_health = [health](bool serving) {
+  auto set_health = [health, &health_port](bool serving) {
+    if (health_port) health_port->Set(serving);
     if (health == nullptr) return;
     health->SetServingStatus(serving);
     health->SetServingStatus("ringlane.v1.Worker", serving);
@@ -416,6 +430,9 @@ int main(int argc, char** argv) {
   group.Start();
 
   std::printf("LISTENING worker=%s\n", rs::JoinHostPort(reach_host, port).c_str());
+  if (health_port) {
+    std::printf("LISTENING health=%s\n", rs::JoinHostPort(reach_host, health_port->port()).c_str());
+  }
   if (exposer) {
     std::vector<int> ports = exposer->GetListeningPorts();
     std::printf("LISTENING metrics=%s\n",

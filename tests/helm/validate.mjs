@@ -100,7 +100,15 @@ if (grpcProbes) {
     'workers: native gRPC startup and readiness probes of ringlane.v1.Worker');
   if (ds) check(podOf(ds).spec.containers[0].readinessProbe.grpc?.service === 'ringlane.v1.KvStore', 'kvstore: native gRPC probes of ringlane.v1.KvStore');
 } else {
-  check(wc.startupProbe.tcpSocket !== undefined, 'workers under mutual TLS: TCP probes (the kubelet speaks no TLS to gRPC probes)');
+  // The kubelet speaks no TLS to gRPC probes: they ask the plaintext,
+  // health-only port (--health_listen).
+  check(wc.startupProbe.grpc?.port === values.worker.ports.health && wc.readinessProbe.grpc?.service === 'ringlane.v1.Worker',
+    'workers under mutual TLS: gRPC probes of ringlane.v1.Worker on the health port');
+  if (ds) {
+    const kp = podOf(ds).spec.containers[0].readinessProbe.grpc;
+    check(kp?.port === values.kvstore.ports.health && kp?.service === 'ringlane.v1.KvStore',
+      'kvstore under mutual TLS: gRPC probes of ringlane.v1.KvStore on the health port');
+  }
 }
 const startupS = wc.startupProbe.periodSeconds * wc.startupProbe.failureThreshold;
 check(startupS === values.worker.startupProbe.periodSeconds * values.worker.startupProbe.failureThreshold,
@@ -228,7 +236,15 @@ for (let r = 0; r < values.worker.worldSize; r++) {
   for (let p = lo; p <= hi; p++) range.push(p);
   check(lo >= 1 && JSON.stringify(declaredColl) === JSON.stringify(range),
     `${who}: --collective_ports=${a.collective_ports}, each port declared (${declaredColl.join(', ')})`);
-  check(Object.keys(wcp).length === 2 + range.length, `${who}: the container declares gRPC, metrics and the collective ports only`);
+  // Under mutual TLS, the plaintext health port too, and --health_listen is on it.
+  const health = values.tls.enabled ? 1 : 0;
+  if (health) {
+    check(a.health_listen === `${host}:${wcp.health}`, `${who}: --health_listen=${a.health_listen} on the declared health port`);
+  } else {
+    check(a.health_listen === undefined, `${who}: no health-only port without TLS`);
+  }
+  check(Object.keys(wcp).length === 2 + health + range.length,
+    `${who}: the container declares gRPC, metrics${health ? ', health' : ''} and the collective ports only`);
   // Where the router dials this rank: its ring address, or its pod's DNS name.
   const dialled = workers[r];
   if (ring) check(dialled === `${host}:${port}` && host === ring[r].address, `${who}: listens on ${a.listen}, where the router dials it`);

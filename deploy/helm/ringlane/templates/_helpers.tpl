@@ -90,16 +90,13 @@ seccompProfile:
      which the kubelet cannot speak, a TCP probe of the same port:
      (dict "root" $ "port" P "service" S). */}}
 {{- define "ringlane.grpcProbe" -}}
-{{- if .root.Values.tls.enabled }}
-tcpSocket:
-  port: {{ .port }}
-{{- else }}
+{{- /* Under mutual TLS the kubelet cannot present a certificate: it asks
+       the daemon's plaintext, health-only port (--health_listen). */ -}}
 grpc:
-  port: {{ .port }}
+  port: {{ if .root.Values.tls.enabled }}{{ .healthPort }}{{ else }}{{ .port }}{{ end }}
   {{- if .service }}
   service: {{ .service }}
   {{- end }}
-{{- end }}
 {{- end -}}
 
 {{/* Values the chart cannot render with: fails with the reason. Included by
