@@ -95,7 +95,10 @@ node "$HERE/check.mjs" scraped
 # The bundled model's greedy "Tom" loops after about 360 tokens (README: the loop watchdog).
 curl -fsS "$base/completions" -H 'Content-Type: application/json' \
   -d '{"model": "stories260K", "prompt": "Tom", "max_tokens": 480, "temperature": 0}' >/dev/null
-curl -fsS "http://$http/metrics" | grep -Eq '^ringlane_loops_detected_total\{[^}]*\} [1-9]' ||
+# Read whole before grep: `grep -q` exits at the first match and, with
+# pipefail, curl's failed write would fail the check it passed.
+metrics=$(curl -fsS "http://$http/metrics")
+grep -Eq '^ringlane_loops_detected_total\{[^}]*\} [1-9]' <<<"$metrics" ||
   die "the looping generation was not flagged"
 
 metrics="http://$http/metrics"
