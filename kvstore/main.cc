@@ -29,6 +29,7 @@
 #include "services/flags_util.h"
 #include "services/grpc_security.h"
 #include "services/health_port.h"
+#include "services/listener_tls.h"
 #include "services/log.h"
 #include "services/signals.h"
 
@@ -147,16 +148,10 @@ int main(int argc, char** argv) {
       ExitWithUsageError(absl::StrCat("--disk_dir: ", disk_dir, " is not a directory"));
     }
   }
-  auto tls = rs::LoadTls(
-      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)});
+  auto tls = rs::ListenerTls(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
+      listen->first, listen_flag, absl::GetFlag(FLAGS_allow_plaintext));
   if (!tls.ok()) ExitWithUsageError(std::string(tls.status().message()));
-  if (!tls->has_value() && !rs::IsLoopbackHost(listen->first) &&
-      !absl::GetFlag(FLAGS_allow_plaintext)) {
-    ExitWithUsageError(absl::StrCat(
-        "--listen=", listen_flag,
-        " is reachable from other hosts but TLS is off: give --tls_ca, --tls_cert and --tls_key "
-        "(tools/make_certs.sh makes them), or pass --allow_plaintext"));
-  }
   rs::SetPeerTls(*tls);
 
   rk::StoreOptions so;

@@ -28,6 +28,7 @@
 #include "services/grpc_security.h"
 #include "services/health_port.h"
 #include "services/kvstore_client.h"
+#include "services/listener_tls.h"
 #include "services/log.h"
 #include "services/signals.h"
 #include "worker/backend/factory.h"
@@ -199,16 +200,10 @@ int main(int argc, char** argv) {
   if (listen_flag.empty()) listen_flag = absl::StrCat("127.0.0.1:", 50061 + rank);
   auto listen = rs::ParseHostPort(listen_flag);
   if (!listen.ok()) ExitWithUsageError(absl::StrCat("--listen: ", listen.status().message()));
-  auto tls = rs::LoadTls(
-      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)});
+  auto tls = rs::ListenerTls(
+      {absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key)},
+      listen->first, listen_flag, absl::GetFlag(FLAGS_allow_plaintext));
   if (!tls.ok()) ExitWithUsageError(std::string(tls.status().message()));
-  if (!tls->has_value() && !rs::IsLoopbackHost(listen->first) &&
-      !absl::GetFlag(FLAGS_allow_plaintext)) {
-    ExitWithUsageError(absl::StrCat(
-        "--listen=", listen_flag,
-        " is reachable from other hosts but TLS is off: give --tls_ca, --tls_cert and --tls_key "
-        "(tools/make_certs.sh makes them), or pass --allow_plaintext"));
-  }
   // Before the first server or channel: the rendezvous client, the Gloo
   // store and the NCCL id exchange all dial with it.
   rs::SetPeerTls(*tls);
