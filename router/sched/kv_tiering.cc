@@ -73,31 +73,27 @@ void KvTiering::AddOffloads(KvBlockManager& kv, v1::RoundPlan* plan) {
   while (pending_.size() > options_.max_pending_offloads) pending_.pop_front();
   if (plan->rows_size() == 0) return;  // not sent: the evicted ones are lost
   int added = 0;
-  // Write-back first: these are gone for good after this plan.
-  for (const KvBlockManager::Eviction& e : evicted) {
-    if (added >= options_.max_offloads_per_round) break;
-    std::string bytes = e.hash.Bytes();
-    if (remembered_set_.count(bytes) != 0) continue;
+  // One entry per hash not offloaded (or restored) recently.
+  auto add = [&](BlockId block, const BlockHash& hash) {
+    std::string bytes = hash.Bytes();
+    if (remembered_set_.count(bytes) != 0) return;
     v1::KvBlockRef* o = plan->add_offloads();
-    o->set_block_id(e.block);
+    o->set_block_id(block);
     o->set_prefix_hash(bytes);
     Remember(bytes);
     ++added;
+  };
+  // Write-back first: these are gone for good after this plan.
+  for (const KvBlockManager::Eviction& e : evicted) {
+    if (added >= options_.max_offloads_per_round) break;
+    add(e.block, e.hash);
   }
   while (!pending_.empty() && added < options_.max_offloads_per_round) {
     const BlockId b = pending_.front();
     pending_.pop_front();
     // What the block holds now: it may have been evicted, or evicted and
     // registered again under another chain, since it was recorded.
-    std::optional<BlockHash> h = kv.RegisteredHash(b);
-    if (!h) continue;
-    std::string bytes = h->Bytes();
-    if (remembered_set_.count(bytes) != 0) continue;
-    v1::KvBlockRef* o = plan->add_offloads();
-    o->set_block_id(b);
-    o->set_prefix_hash(bytes);
-    Remember(bytes);
-    ++added;
+    if (std::optional<BlockHash> h = kv.RegisteredHash(b)) add(b, *h);
   }
   if (added > 0 && metrics_ && metrics_->kvstore_offloaded_blocks) {
     metrics_->kvstore_offloaded_blocks->Increment(added);
