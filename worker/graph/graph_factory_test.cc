@@ -9,22 +9,16 @@
 #include "worker/graph/factory.h"
 #include "worker/model/model.h"
 #include "worker/model/shard.h"
+#include "worker/testing/models.h"
 
 namespace ringlane::worker {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<const ModelWeights> Stories() {
-  auto m =
-      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::shared_ptr<const ModelWeights>(std::move(*m));
-}
-
 // A view of the bundled model that says it is of `model_type`.
 std::shared_ptr<const ModelWeights> As(const std::string& model_type) {
-  std::shared_ptr<const ModelWeights> base = Stories();
+  std::shared_ptr<const ModelWeights> base = BundledStories();
   auto m = std::make_shared<ModelWeights>();
   m->config = base->config;
   m->config.model_type = model_type;
@@ -65,7 +59,7 @@ TEST(GraphFactory, UnknownFamilyIsUnimplementedEverywhere) {
 // What the worker advertises before loading (LayerCaches from the config) is
 // what the backend it then makes keeps, for a whole model and for a shard.
 TEST(GraphFactory, CachesFromTheConfigAreTheBackendsCaches) {
-  auto full = Stories();
+  auto full = BundledStories();
   auto shard = ShardModel(full, 1, 2);
   ASSERT_TRUE(shard.ok()) << shard.status();
   for (const auto& m : {full, *shard}) {

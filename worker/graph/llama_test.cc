@@ -10,17 +10,11 @@
 #include "worker/backend/cpu/cpu_ops.h"
 #include "worker/kv_cache.h"
 #include "worker/model/shard.h"
+#include "worker/testing/models.h"
 #include "worker/thread_pool.h"
 
 namespace ringlane::worker {
 namespace {
-
-std::shared_ptr<const ModelWeights> Stories() {
-  auto m =
-      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::shared_ptr<const ModelWeights>(std::move(*m));
-}
 
 // CpuOps with a count of each op the graph calls and a fake group: it claims
 // `group_size` ranks, leaves the data of its collectives as they are (a group
@@ -117,7 +111,7 @@ RoundInput TwoSequences() {
 }
 
 TEST(LlamaGraph, EveryLayerKeepsPagedKvOfTheRanksHeads) {
-  auto full = Stories();
+  auto full = BundledStories();
   auto shard = ShardModel(full, 1, 2);
   ASSERT_TRUE(shard.ok()) << shard.status();
   for (const auto& m : {full, *shard}) {
@@ -134,7 +128,7 @@ TEST(LlamaGraph, EveryLayerKeepsPagedKvOfTheRanksHeads) {
 // The graph over CpuOps is the CPU backend's forward pass, bit for bit, one
 // call per op and layer whatever the number of rows.
 TEST(LlamaGraph, OverCpuOpsMatchesTheBackendWithOneCallPerOp) {
-  auto model = Stories();
+  auto model = BundledStories();
   const ModelConfig& c = model->config;
   const KvPoolSpec spec{4, 4, DType::kF32};
   auto kv = KvCache::Create(c.layers, c.kv_heads, c.head_dim, spec);
@@ -175,7 +169,7 @@ TEST(LlamaGraph, OverCpuOpsMatchesTheBackendWithOneCallPerOp) {
 // projection and at the head; a failed collective ends the round with the
 // communicator's error.
 TEST(LlamaGraph, ShardReducesAtEachRowParallelLayerAndStopsOnFailure) {
-  auto shard = ShardModel(Stories(), 0, 2);
+  auto shard = ShardModel(BundledStories(), 0, 2);
   ASSERT_TRUE(shard.ok()) << shard.status();
   const ModelConfig& c = (*shard)->config;
   auto kv = KvCache::Create(c.layers, (*shard)->shard.kv_heads, c.head_dim, {4, 4, DType::kF32});

@@ -4,19 +4,13 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "worker/testing/models.h"
 
 namespace ringlane::worker {
 namespace {
 
-std::shared_ptr<const ModelWeights> Stories() {
-  auto m =
-      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::shared_ptr<const ModelWeights>(std::move(*m));
-}
-
 TEST(Shard, SplitsHeadsMlpAndVocabulary) {
-  auto full = Stories();  // 8 heads, 4 KV heads, intermediate 172, vocab 512, head_dim 8
+  auto full = BundledStories();  // 8 heads, 4 KV heads, intermediate 172, vocab 512, head_dim 8
   auto s = ShardModel(full, 1, 2);
   ASSERT_TRUE(s.ok()) << s.status();
   const TpShard& t = (*s)->shard;
@@ -38,7 +32,8 @@ TEST(Shard, SplitsHeadsMlpAndVocabulary) {
 }
 
 TEST(Shard, ReplicatesKvHeadsBeyondTheirCount) {
-  auto s = ShardModel(Stories(), 5, 8);  // 8 ranks, 4 KV heads: ranks 4 and 5 share KV head 2
+  auto s =
+      ShardModel(BundledStories(), 5, 8);  // 8 ranks, 4 KV heads: ranks 4 and 5 share KV head 2
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->shard.heads, 1);
   EXPECT_EQ((*s)->shard.kv_heads, 1);
@@ -46,7 +41,7 @@ TEST(Shard, ReplicatesKvHeadsBeyondTheirCount) {
 }
 
 TEST(Shard, UnevenMlpSplitCoversEveryColumn) {
-  auto full = Stories();
+  auto full = BundledStories();
   int covered = 0;
   for (int r = 0; r < 4; ++r) {
     auto s = ShardModel(full, r, 4);
@@ -58,9 +53,10 @@ TEST(Shard, UnevenMlpSplitCoversEveryColumn) {
 }
 
 TEST(Shard, RefusesSplitsThatDoNotDivide) {
-  EXPECT_EQ(ShardModel(Stories(), 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShardModel(Stories(), 2, 2).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShardModel(Stories(), 0, 16).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardModel(BundledStories(), 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardModel(BundledStories(), 2, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardModel(BundledStories(), 0, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -7,22 +7,16 @@
 #include "gtest/gtest.h"
 #include "worker/backend/backend.h"
 #include "worker/model/model.h"
+#include "worker/testing/models.h"
 
 namespace ringlane::worker {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::shared_ptr<const ModelWeights> Stories() {
-  auto m =
-      LoadModel(std::string(RINGLANE_SOURCE_DIR) + "/deploy/models/stories260K/stories260K.bin");
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::shared_ptr<const ModelWeights>(std::move(*m));
-}
-
 // Fails the test (and returns null) when the backend cannot be made.
 std::unique_ptr<Backend> MakeBackend(const CpuBackendOptions& o) {
-  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCpuBackend(Stories(), o);
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCpuBackend(BundledStories(), o);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
 }
