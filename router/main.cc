@@ -74,6 +74,17 @@ ABSL_FLAG(int, kvstore_restore_deadline_ms, 1000,
           "prefilled as usual");
 ABSL_FLAG(int, kvstore_max_offloads_per_round, 256,
           "offloaded blocks one round carries at most (write-backs of blocks it evicts first)");
+ABSL_FLAG(std::string, spec_drafters, "none",
+          "speculative decoding's draft sources, comma-separated, in order of preference: "
+          "ngram (prompt lookup), suffix (suffix decoding, per request and over recent outputs), "
+          "random (always wrong; for benchmarks); none = off (make serve turns on ngram,suffix). "
+          "Output is identical either way");
+ABSL_FLAG(int, spec_max_drafts, 8, "most draft tokens per decode step (1..64)");
+ABSL_FLAG(bool, spec_adaptive, true,
+          "choose each step's draft depth from measured acceptance and round cost (false: "
+          "always draft as deep as the source proposes; for tests)");
+ABSL_FLAG(int64_t, spec_suffix_cache_tokens, 65536,
+          "tokens of recent outputs the global suffix cache keeps (0 = no global cache)");
 ABSL_FLAG(std::string, round_log, "",
           "append every round sent (lanes, row kinds, tokens fed, budget) to this file as JSON "
           "lines; for tests and traces");
@@ -305,6 +316,15 @@ int main(int argc, char** argv) {
   o.kv_tiering.max_offloads_per_round = absl::GetFlag(FLAGS_kvstore_max_offloads_per_round);
   o.round_deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_round_deadline_ms));
   o.round_log_path = absl::GetFlag(FLAGS_round_log);
+  if (const std::string d = absl::GetFlag(FLAGS_spec_drafters); d != "none" && !d.empty()) {
+    o.speculation.sources = absl::StrSplit(d, ',', absl::SkipEmpty());
+  }
+  o.speculation.max_drafts = absl::GetFlag(FLAGS_spec_max_drafts);
+  o.speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  o.speculation.source_options.suffix_cache_tokens = absl::GetFlag(FLAGS_spec_suffix_cache_tokens);
+  if (o.speculation.source_options.suffix_cache_tokens < 0) {
+    rs::ExitWithUsageError("--spec_suffix_cache_tokens must be >= 0");
+  }
   o.loop_watchdog.enabled = absl::GetFlag(FLAGS_loop_watchdog);
   o.loop_watchdog.max_period = absl::GetFlag(FLAGS_loop_max_period);
   o.loop_watchdog.flag_repeats = absl::GetFlag(FLAGS_loop_flag_repeats);

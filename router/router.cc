@@ -62,6 +62,25 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
           absl::StrCat("round_log: cannot write ", r->options_.round_log_path));
     }
   }
+  const bool speculative = !r->options_.speculation.sources.empty();
+  if (speculative) {
+    SpeculatorOptions so = r->options_.speculation;
+    so.source_options.vocab_size = r->tokenizer_->vocab_size();
+    if (so.source_options.suffix_cache_tokens > 0) {
+      r->suffix_cache_ = std::make_shared<SuffixCache>(so.source_options.suffix_depth,
+                                                       so.source_options.suffix_cache_tokens);
+    }
+    for (size_t i = 0; i < r->options_.groups.size(); ++i) {
+      auto s = Speculator::Create(so, r->suffix_cache_);
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("speculation: ", s.status().message()));
+      }
+      r->speculators_.push_back(std::move(*s));
+    }
+    RL_LOG(INFO) << "speculative decoding: drafters " << absl::StrJoin(so.sources, ",")
+                 << ", up to " << so.max_drafts << " drafts per step"
+                 << (so.adaptive ? ", adaptive depth" : ", fixed depth");
+  }
   for (size_t i = 0; i < r->options_.groups.size(); ++i) {
     GroupLoopOptions g;
     g.index = i;
@@ -70,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
                  .itl_target_ms = r->options_.itl_target_ms,
                  .min_prefill_chunk = r->options_.min_prefill_chunk,
                  .max_lanes = r->options_.max_lanes,
+                 .max_drafts = speculative ? r->options_.speculation.max_drafts : 0,
                  .group_index = i};
     g.max_waiting = r->options_.max_waiting;
     g.pipeline_depth = r->options_.pipeline_depth;
@@ -92,6 +112,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
     hooks.on_connected = [router, i](const v1::WorkerInfo& info) {
       return router->OnGroupConnected(i, info);
     };
+    if (speculative) hooks.drafter = r->speculators_[i].get();
     if (!r->options_.round_log_path.empty()) {
       hooks.round_log = [router](const std::string& line) { router->WriteRoundLog(line); };
     }
@@ -127,7 +148,9 @@ absl::StatusOr<GroupMetrics> Router::OnGroupConnected(size_t index, const v1::Wo
     m.limits = info.limits();
     model_ = std::move(m);
   }
-  return metrics_.ForGroup(model_->model_id, static_cast<int>(index));
+  return metrics_.ForGroup(
+      model_->model_id, static_cast<int>(index),
+      speculators_.empty() ? std::vector<std::string>{} : speculators_[index]->source_names());
 }
 
 std::optional<ModelDescription> Router::model() const {

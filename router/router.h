@@ -37,6 +37,7 @@
 #include "router/router_metrics.h"
 #include "router/sched/group_loop.h"
 #include "router/sched/kv_tiering.h"
+#include "router/spec/speculator.h"
 #include "router/tokenizer/tokenizer.h"
 
 namespace ringlane::router {
@@ -77,6 +78,8 @@ struct RouterOptions {
   int pipeline_depth = 2;
   // The workers' kvstores, where they have one (sched/kv_tiering.h).
   KvTieringOptions kv_tiering;
+  // Speculative decoding (spec/speculator.h); no sources = off.
+  SpeculatorOptions speculation;
   // Longest wait for one round's results from every rank of a group; a rank
   // that misses it (frozen, partitioned) fails the group's lanes and the
   // group reconnects (WorkerGroupOptions::round_deadline).
@@ -145,6 +148,10 @@ class Router {
   const RequestPreparer preparer_;
   const int64_t created_unix_s_;
   RouterMetrics metrics_;
+  // One per group when speculation is on, before the loops that use them;
+  // the global suffix cache is the model's, shared by every group.
+  std::shared_ptr<SuffixCache> suffix_cache_;
+  std::vector<std::unique_ptr<Speculator>> speculators_;
   std::vector<std::unique_ptr<GroupLoop>> groups_;
 
   mutable absl::Mutex mu_;

@@ -15,6 +15,10 @@ prometheus::Histogram::BucketBoundaries RoundTokenBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 }
 
+prometheus::Histogram::BucketBoundaries DraftBuckets() {
+  return {0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64};
+}
+
 template <typename B>
 auto& Reg(B builder, const char* name, const char* help, prometheus::Registry& r) {
   return builder.Name(name).Help(help).Register(r);
@@ -67,6 +71,27 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   kvstore_restored_tokens_ =
       &Reg(BuildCounter(), "ringlane_kvstore_restored_tokens_total",
            "Prompt tokens whose KV came back from the kvstore instead of being prefilled", r);
+  sampling_rows_ = &Reg(BuildCounter(), "ringlane_sampling_rows_total",
+                        "Rows that sampled: prompts' last chunks, decode and verify rows "
+                        "(generation tokens / this = tokens per step)",
+                        r);
+  spec_drafted_ = &Reg(BuildCounter(), "ringlane_spec_drafted_tokens_total",
+                       "Draft tokens sent for verification, by draft source and whether the "
+                       "request gave a temperature",
+                       r);
+  spec_accepted_ = &Reg(BuildCounter(), "ringlane_spec_accepted_tokens_total",
+                        "Draft tokens the workers accepted (equal to their own sample)", r);
+  spec_rejected_ =
+      &Reg(BuildCounter(), "ringlane_spec_rejected_tokens_total",
+           "Draft tokens not accepted (the first mismatch and every draft after it)", r);
+  spec_verify_rows_ =
+      &Reg(BuildCounter(), "ringlane_spec_verify_rows_total", "Decode rows that carried drafts", r);
+  spec_accepted_per_step_ = &Reg(BuildHistogram(), "ringlane_spec_accepted_tokens_per_step",
+                                 "Drafts accepted per verify row (a step emits this plus one)", r);
+  spec_verify_rows_per_round_ = &Reg(BuildHistogram(), "ringlane_spec_verify_rows_per_round",
+                                     "Verify rows per round, with speculation on", r);
+  spec_depth_ = &Reg(BuildHistogram(), "ringlane_spec_depth",
+                     "Drafts chosen per decode row with speculation on (0: a plain row)", r);
   lanes_running_ =
       &Reg(BuildGauge(), "ringlane_lanes_running", "Lanes running on the worker group", r);
   lanes_waiting_ = &Reg(BuildGauge(), "ringlane_lanes_waiting", "Choices waiting for a lane", r);
@@ -80,7 +105,8 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
   group_epoch_ = &Reg(BuildGauge(), "ringlane_group_epoch", "The worker group's epoch", r);
 }
 
-GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group) {
+GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group,
+                                     const std::vector<std::string>& draft_sources) {
   const prometheus::Labels l = {{"model", model}, {"group", std::to_string(group)}};
   auto with = [&l](const char* key, const char* value) {
     prometheus::Labels x = l;
@@ -119,6 +145,25 @@ GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group) {
   m.kvstore_restores_hit = &kvstore_restores_->Add(with("outcome", "hit"));
   m.kvstore_restores_miss = &kvstore_restores_->Add(with("outcome", "miss"));
   m.kvstore_restored_tokens = &kvstore_restored_tokens_->Add(l);
+  m.sampling_rows = &sampling_rows_->Add(l);
+  for (const std::string& source : draft_sources) {
+    std::array<SpecSeries, 2> by_temperature;
+    for (int omitted = 0; omitted < 2; ++omitted) {
+      prometheus::Labels x = l;
+      x["drafter"] = source;
+      x["temperature"] = omitted ? "omitted" : "given";
+      by_temperature[omitted] = {&spec_drafted_->Add(x), &spec_accepted_->Add(x),
+                                 &spec_rejected_->Add(x), &spec_verify_rows_->Add(x)};
+    }
+    m.spec.push_back(by_temperature);
+    prometheus::Labels x = l;
+    x["drafter"] = source;
+    m.spec_accepted_per_step.push_back(&spec_accepted_per_step_->Add(x, DraftBuckets()));
+  }
+  if (!draft_sources.empty()) {
+    m.spec_verify_rows_per_round = &spec_verify_rows_per_round_->Add(l, RoundTokenBuckets());
+    m.spec_depth = &spec_depth_->Add(l, DraftBuckets());
+  }
   return m;
 }
 

@@ -6,8 +6,10 @@
 #ifndef RINGLANE_ROUTER_ROUTER_METRICS_H_
 #define RINGLANE_ROUTER_ROUTER_METRICS_H_
 
+#include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -16,6 +18,16 @@
 #include "prometheus/registry.h"
 
 namespace ringlane::router {
+
+// Speculative decoding's counters of one draft source and one kind of
+// request (temperature given or omitted: clients that omit it get the
+// server default, and an operator must see if that makes drafting collapse).
+struct SpecSeries {
+  prometheus::Counter* drafted = nullptr;
+  prometheus::Counter* accepted = nullptr;
+  prometheus::Counter* rejected = nullptr;     // drafted - accepted
+  prometheus::Counter* verify_rows = nullptr;  // decode rows that carried drafts
+};
 
 // The series of one worker group. Pointers into the registry, which
 // outlives them.
@@ -60,6 +72,16 @@ struct GroupMetrics {
   prometheus::Counter* kvstore_restores_hit = nullptr;
   prometheus::Counter* kvstore_restores_miss = nullptr;
   prometheus::Counter* kvstore_restored_tokens = nullptr;
+  // Rows that sampled: a prompt's last chunk, decode and verify rows
+  // (generation tokens / this = tokens per step).
+  prometheus::Counter* sampling_rows = nullptr;
+  // Speculative decoding, per draft source: [source][0 given, 1 omitted].
+  std::vector<std::array<SpecSeries, 2>> spec;
+  // Per verify row, drafts accepted, per source.
+  std::vector<prometheus::Histogram*> spec_accepted_per_step;
+  // Per round with speculation on: verify rows; per decode row: drafts.
+  prometheus::Histogram* spec_verify_rows_per_round = nullptr;
+  prometheus::Histogram* spec_depth = nullptr;
 };
 
 class RouterMetrics {
@@ -67,9 +89,11 @@ class RouterMetrics {
   RouterMetrics();
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-  // The series of group `group` serving `model`; the same pointers for the
-  // same labels. Thread-safe.
-  GroupMetrics ForGroup(const std::string& model, int group);
+  // The series of group `group` serving `model`, with speculative
+  // decoding's for each of `draft_sources`; the same pointers for the same
+  // labels. Thread-safe.
+  GroupMetrics ForGroup(const std::string& model, int group,
+                        const std::vector<std::string>& draft_sources = {});
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -99,6 +123,14 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* kvstore_offloaded_;
   prometheus::Family<prometheus::Counter>* kvstore_restores_;
   prometheus::Family<prometheus::Counter>* kvstore_restored_tokens_;
+  prometheus::Family<prometheus::Counter>* sampling_rows_;
+  prometheus::Family<prometheus::Counter>* spec_drafted_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_;
+  prometheus::Family<prometheus::Counter>* spec_rejected_;
+  prometheus::Family<prometheus::Counter>* spec_verify_rows_;
+  prometheus::Family<prometheus::Histogram>* spec_accepted_per_step_;
+  prometheus::Family<prometheus::Histogram>* spec_verify_rows_per_round_;
+  prometheus::Family<prometheus::Histogram>* spec_depth_;
 };
 
 }  // namespace ringlane::router

@@ -20,7 +20,7 @@ TEST(OpenAiParseTest, CompletionFieldsMapOntoGenerateRequest) {
     "model": "m", "prompt": "Once", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
     "top_k": -1, "min_p": 0.1, "seed": 42, "stop": ["a", "b"], "n": 2, "logprobs": 3,
     "presence_penalty": 0.5, "frequency_penalty": -0.5, "user": "u", "ignore_eos": true,
-    "loop_watchdog": false, "stream": true, "stream_options": {"include_usage": true},
+    "loop_watchdog": false, "speculative": false, "speculative.n_max": 3, "stream": true, "stream_options": {"include_usage": true},
     "prompt_cache_key": "s1", "tools": null})",
                         "");
   ASSERT_TRUE(p.ok()) << p.status();
@@ -42,6 +42,9 @@ TEST(OpenAiParseTest, CompletionFieldsMapOntoGenerateRequest) {
   EXPECT_TRUE(r.ignore_eos());
   EXPECT_TRUE(r.has_loop_watchdog());
   EXPECT_FALSE(r.loop_watchdog());
+  EXPECT_TRUE(r.has_speculative());
+  EXPECT_FALSE(r.speculative());
+  EXPECT_EQ(r.max_drafts(), 3);
   EXPECT_EQ(r.session_id(), "s1");
   EXPECT_TRUE(p->stream);
   EXPECT_TRUE(p->include_usage);
@@ -98,6 +101,11 @@ TEST(OpenAiParseTest, BadRequestsNameTheField) {
       {C, R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "stop", "at most 4"},
       {C, R"({"model":"m","prompt":"x","stop":[1]})", "stop[0]", "a string"},
       {C, R"({"model":"m","prompt":"x","n":0})", "n", "must be in"},
+      {C, R"({"model":"m","prompt":"x","speculative":"no"})", "speculative", "a boolean"},
+      {C, R"({"model":"m","prompt":"x","speculative.n_max":65})", "speculative.n_max",
+       "must be in"},
+      {C, R"({"model":"m","prompt":"x","speculative.n_max":-1})", "speculative.n_max",
+       "must be in"},
       {C, R"({"model":"m","prompt":"x","logprobs":6})", "logprobs", "must be in [0, 5]"},
       {C, R"({"model":"m","prompt":"x","logprobs":1,"echo":true})", "echo", "prompt's logprobs"},
       {C, R"({"model":"m","prompt":"x","tools":[{"type":"function"}]})", "tools", "not supported"},

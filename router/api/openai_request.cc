@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "router/api/openai_json.h"
+#include "router/request/prepare.h"
 
 namespace ringlane::router::openai {
 
@@ -362,6 +363,15 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       absl::StatusOr<bool> b = Bool(v, key);
       if (!b.ok()) return b.status();
       base.set_loop_watchdog(*b);
+    } else if (key == "speculative") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      base.set_speculative(*b);
+    } else if (key == "speculative.n_max") {
+      // llama.cpp server's name for the per-request draft limit.
+      absl::StatusOr<int32_t> k = Int32(v, key, 0, kMaxDraftsPerStep);
+      if (!k.ok()) return k.status();
+      base.set_max_drafts(*k);
     } else if (UnsupportedFields().count(key) > 0 || (chat && (key == "prompt" || key == "echo")) ||
                (!chat && (key == "messages" || key == "max_completion_tokens"))) {
       if (!IsDefaultValue(key, v)) unsupported.push_back(key);

@@ -219,6 +219,14 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
   p.ignore_eos = request.ignore_eos();
   p.default_temperature = !s.has_temperature();
   p.loop_watchdog = request.has_loop_watchdog() ? request.loop_watchdog() : options_.loop_watchdog;
+  p.speculative = !request.has_speculative() || request.speculative();
+  if (request.has_max_drafts()) {
+    if (request.max_drafts() < 0 || request.max_drafts() > kMaxDraftsPerStep) {
+      return Invalid("max_drafts", absl::StrCat("must be in [0, ", kMaxDraftsPerStep, "], got ",
+                                                request.max_drafts()));
+    }
+    p.max_drafts = request.max_drafts();
+  }
   p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
   p.echo = request.echo();
   if (request.session_id().size() > options_.max_session_id_bytes) {

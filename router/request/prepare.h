@@ -34,6 +34,10 @@ struct ModelDescription {
   ringlane::v1::WorkerLimits limits;
 };
 
+// Most draft tokens one decode step may verify (GenerateRequest.max_drafts,
+// --spec_max_drafts).
+inline constexpr int kMaxDraftsPerStep = 64;
+
 struct PrepareOptions {
   float default_temperature = 0;
   SeedPolicy seed_policy = SeedPolicy::kDerived;

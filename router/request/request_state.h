@@ -44,6 +44,10 @@ struct PreparedRequest {
   // The request gave no temperature (counted in metrics).
   bool default_temperature = false;
   bool loop_watchdog = true;
+  // Speculative decoding for this request, and its drafts per step at most
+  // (-1 = the router's limit).
+  bool speculative = true;
+  int max_drafts = -1;
 };
 
 // Wakes one consumer that waits on several ResponseQueues at once (the

@@ -1,6 +1,7 @@
 #include "router/sched/applier.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,7 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
     }
     applied.accepted += accepted[i];
   }
+  applied.sampling_rows = result.outputs_size();
   // Roll back and commit before the tokens can finish and release a lane, so
   // a finished request's blocks stay cached for a resend.
   for (size_t i = 0; i < round.rows.size(); ++i) {
@@ -119,6 +121,7 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
     }
   }
   state.Compact();
+  applied.accepted_by_row = std::move(accepted);
   return applied;
 }
 

@@ -16,6 +16,7 @@
 #define RINGLANE_ROUTER_SCHED_APPLIER_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "ringlane/v1/worker.pb.h"
 #include "router/kv/kv_block_manager.h"
@@ -41,6 +42,10 @@ struct AppliedRound {
   // Drafts the round carried and those the workers accepted.
   int64_t drafts = 0;
   int64_t accepted = 0;
+  // Per row of the planned round (PlannedRound::rows): drafts accepted.
+  std::vector<int64_t> accepted_by_row;
+  // Rows that sampled (a prompt's last chunk, decode and verify rows).
+  int64_t sampling_rows = 0;
 };
 
 // Applies `result` of `round`. A rejected plan (result.error set) fails the

@@ -41,17 +41,27 @@ double Us(Clock::time_point t) {
 // Turns sampled tokens into the client's messages.
 class GroupLoop::Sink final : public ResultSink {
  public:
-  Sink(const Tokenizer& tokenizer, Clock::time_point now) : tokenizer_(tokenizer), now_(now) {}
+  Sink(const Tokenizer& tokenizer, Clock::time_point now, bool keep_finished)
+      : tokenizer_(tokenizer), now_(now), keep_finished_(keep_finished) {}
   void OnLaneTokens(Lane& lane, int count) override {
     NoteTokenTimes(*lane.req, lane.choice, count, now_);
   }
   bool OnToken(Lane& lane, const v1::SampledToken& t) override {
-    return OnSampledToken(*lane.req, lane.choice, t, tokenizer_);
+    const bool finished = OnSampledToken(*lane.req, lane.choice, t, tokenizer_);
+    if (finished && keep_finished_) {
+      finished_.push_back({lane.seq, static_cast<int64_t>(lane.req->p.prompt.size())});
+    }
+    return finished;
   }
+  // Sequences of the choices that finished (with keep_finished), and their
+  // prompt lengths: the drafter learns from them once the round's state is
+  // settled, not while the client already has its last token.
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> finished_;
 
  private:
   const Tokenizer& tokenizer_;
   const Clock::time_point now_;
+  const bool keep_finished_;
 };
 
 GroupLoop::GroupLoop(GroupLoopOptions options, GroupLoopHooks hooks, const Tokenizer* tokenizer)
@@ -216,6 +226,8 @@ void GroupLoop::Loop() {
       {
         absl::MutexLock l(&mu_);
         // With a round in flight there is always its result to wait for.
+        round.pipelined = !in_flight_.empty();
+        round.after_idle = in_flight_.empty() && !HasWork();
         if (in_flight_.empty() &&
             !mu_.AwaitWithTimeout(absl::Condition(this, &GroupLoop::HasWork), absl::Seconds(1))) {
           idle = true;
@@ -260,6 +272,11 @@ void GroupLoop::Loop() {
     InFlight round = std::move(in_flight_.front());
     in_flight_.pop_front();
     const double busy_us = RoundBusyUs(Us(round.sent), Us(previous_done), Us(done));
+    if (hooks_.drafter != nullptr && !round.after_idle) {
+      hooks_.drafter->ObserveRound(
+          round.pipelined, Us(done) - Us(previous_done),
+          static_cast<double>(r->compute_time_us() + r->collective_time_us()));
+    }
     previous_done = done;
     absl::MutexLock l(&mu_);
     if (r->round_id() != round.round.plan.round_id()) {
@@ -281,6 +298,11 @@ void GroupLoop::Loop() {
 
 void GroupLoop::RecordPlan(const PlannedRound& round) {
   prefilled_tokens_ += round.prefilled_tokens;
+  if (metrics_.spec_depth != nullptr && hooks_.drafter != nullptr) {
+    for (const PlannedRow& row : round.rows) {
+      if (row.decode) metrics_.spec_depth->Observe(static_cast<double>(row.drafts));
+    }
+  }
   if (round.preemptions > 0)
     metrics_.preemptions->Increment(static_cast<double>(round.preemptions));
   if (round.admitted_any) {
@@ -317,11 +339,45 @@ std::string GroupLoop::LogLine(const PlannedRound& round, int64_t in_flight) con
 }
 
 void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us) {
-  Sink sink(*tokenizer_, Clock::now());
+  Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr);
   const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
+  // A client may read the metrics the moment it has its last token.
+  UpdateGauges();
+  if (hooks_.drafter != nullptr) {
+    hooks_.drafter->Sweep(s_);
+    for (const auto& [seq, prompt_len] : sink.finished_)
+      hooks_.drafter->OnFinished(seq, prompt_len);
+  }
   if (result.error().code() != 0) return;
   cost_.Observe(a.tokens, busy_us, a.attended);
   metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
+  metrics_.sampling_rows->Increment(static_cast<double>(a.sampling_rows));
+  RecordVerify(round.round, a);
+}
+
+void GroupLoop::RecordVerify(const PlannedRound& round, const AppliedRound& applied) {
+  if (hooks_.drafter == nullptr) return;
+  int64_t verify_rows = 0;
+  for (size_t i = 0; i < round.rows.size(); ++i) {
+    const PlannedRow& row = round.rows[i];
+    if (row.drafts == 0) continue;
+    ++verify_rows;
+    const int64_t accepted = applied.accepted_by_row[i];
+    hooks_.drafter->OnVerified(row.lane, row.draft_source, static_cast<int>(row.drafts),
+                               static_cast<int>(accepted));
+    if (row.draft_source < 0 || row.draft_source >= static_cast<int>(metrics_.spec.size())) {
+      continue;
+    }
+    const SpecSeries& s = metrics_.spec[row.draft_source][row.temperature_omitted ? 1 : 0];
+    s.drafted->Increment(static_cast<double>(row.drafts));
+    s.accepted->Increment(static_cast<double>(accepted));
+    s.rejected->Increment(static_cast<double>(row.drafts - accepted));
+    s.verify_rows->Increment();
+    metrics_.spec_accepted_per_step[row.draft_source]->Observe(static_cast<double>(accepted));
+  }
+  if (metrics_.spec_verify_rows_per_round != nullptr) {
+    metrics_.spec_verify_rows_per_round->Observe(static_cast<double>(verify_rows));
+  }
 }
 
 void GroupLoop::FailAll(const absl::Status& status) {

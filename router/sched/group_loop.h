@@ -47,6 +47,7 @@
 #include "router/kv/kv_block_manager.h"
 #include "router/request/request_state.h"
 #include "router/router_metrics.h"
+#include "router/sched/applier.h"
 #include "router/sched/kv_tiering.h"
 #include "router/sched/lane.h"
 #include "router/sched/planner.h"
@@ -121,6 +122,10 @@ class GroupLoop {
   struct InFlight {
     PlannedRound round;
     Clock::time_point sent;
+    // Sent while another round was in flight; sent right after the loop
+    // waited for work (its result-to-result time is not a round period).
+    bool pipelined = false;
+    bool after_idle = false;
   };
   class Sink;
 
@@ -130,6 +135,8 @@ class GroupLoop {
   void Apply(const InFlight& round, const ringlane::v1::RoundResult& result, double busy_us)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPlan(const PlannedRound& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordVerify(const PlannedRound& round, const AppliedRound& applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string LogLine(const PlannedRound& round, int64_t in_flight) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAll(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

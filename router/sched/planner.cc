@@ -78,6 +78,7 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
   r.start = lane.fed;
   r.tokens = tokens;
   r.drafts = drafts;
+  r.temperature_omitted = lane.req->p.default_temperature;
   r.plan_row = plan_->rows_size() - 1;
   lane.fed += tokens;
   r.fed_after = lane.fed;
@@ -163,42 +164,47 @@ bool Planning::Grow(Lane& lane, size_t index, int64_t positions) {
 }
 
 void Planning::PlanDecodeRows() {
-  // With speculation on, a decoding lane waits for its row in flight
-  // instead of getting a plain decode row pipelined behind it: drafts must
-  // follow a known token, and a verify row gives several tokens per round.
   const bool speculative = drafter_ != nullptr && opt_.max_drafts > 0;
   auto wants_row = [&](const Lane& lane) {
-    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify &&
-           !(speculative && lane.rows_in_flight > 0) && TokensLeft(lane) > 0;
+    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify && TokensLeft(lane) > 0;
   };
-  int64_t decoders_left =
+  const int64_t decoders =
       std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
+  int64_t decoders_left = decoders;
   // Oldest lane first; a lane that cannot grow takes blocks from the
   // youngest lane not yet in the round.
   for (size_t i = 0; i < s_.lanes.size(); ++i) {
     Lane& lane = *s_.lanes[i];
     if (!wants_row(lane)) continue;
     --decoders_left;
-    std::vector<int32_t> drafts;
+    DraftDecision d;
     if (speculative) {
       // Drafts never take the round past its budget nor the lane past
       // max_tokens (a verify row samples up to drafts + 1 tokens).
       const int64_t room = opt_.round_token_budget - decode_tokens_ - decoders_left - 1;
-      const int64_t k =
-          std::min<int64_t>({opt_.max_drafts, TokensLeft(lane) - 1, std::max<int64_t>(room, 0)});
-      if (k > 0) {
-        drafts = drafter_->Propose(lane, static_cast<int>(k));
-        if (static_cast<int64_t>(drafts.size()) > k) drafts.resize(k);
-      }
+      DraftContext ctx;
+      ctx.max_drafts = static_cast<int>(
+          std::min<int64_t>({opt_.max_drafts, TokensLeft(lane) - 1, std::max<int64_t>(room, 0)}));
+      ctx.decoding_lanes = decoders;
+      ctx.row_in_flight = lane.rows_in_flight > 0;
+      ctx.cost = &cost_;
+      d = drafter_->Plan(lane, ctx);
+      // A lane that drafts next follows its row in flight only once that
+      // row's result is in.
+      if (ctx.row_in_flight && d.wait) continue;
+      if (ctx.row_in_flight || ctx.max_drafts <= 0) d.tokens.clear();
+      if (static_cast<int>(d.tokens.size()) > ctx.max_drafts) d.tokens.resize(ctx.max_drafts);
     }
     // Drafts are optional: when the pool is short, drop them before
     // preempting anyone for them.
-    const int64_t want = lane.fed + 1 + static_cast<int64_t>(drafts.size());
-    if (!drafts.empty() && !kv_.AppendSlots(lane.id, want).ok()) drafts.clear();
-    if (!Grow(lane, i, lane.fed + 1 + static_cast<int64_t>(drafts.size()))) continue;
-    AddDecode(lane, drafts);
+    const int64_t want = lane.fed + 1 + static_cast<int64_t>(d.tokens.size());
+    if (!d.tokens.empty() && !kv_.AppendSlots(lane.id, want).ok()) d.tokens.clear();
+    if (!Grow(lane, i, lane.fed + 1 + static_cast<int64_t>(d.tokens.size()))) continue;
+    AddDecode(lane, d.tokens);
+    out_->rows.back().decode = true;
+    out_->rows.back().draft_source = d.tokens.empty() ? -1 : d.source;
     ++decode_rows_;
-    decode_tokens_ += 1 + static_cast<int64_t>(drafts.size());
+    decode_tokens_ += 1 + static_cast<int64_t>(d.tokens.size());
   }
 }
 

@@ -6,10 +6,9 @@
 // A plan, in order:
 // - release rows of lanes that finished (pending_release) or whose request
 //   died (cancelled, failed);
-// - one decode row per decoding lane, oldest first, carrying up to
-//   max_drafts draft tokens from the drafter (with speculation on, a lane
-//   with a row in flight waits for its result: a draft must follow a known
-//   token); a lane that cannot grow
+// - one decode row per decoding lane, oldest first, carrying the drafts the
+//   drafter decides on (at most max_drafts, within the round's budget and
+//   the lane's max_tokens); a lane that cannot grow
 //   takes blocks from the youngest lane not yet in the round (preemption);
 // - prefill chunks of running lanes, sized by PrefillTokenLimit so that the
 //   decoding lanes' inter-token latency stays under the target;
@@ -18,9 +17,10 @@
 //   cached positions).
 //
 // Pipelining: a lane whose row in round k samples gets a decode row
-// (use_last_sampled) in k+1 before k's result arrives, unless speculation
-// is on: after a row with drafts (awaiting_verify) its next position is
-// known only once the result says how many were accepted.
+// (use_last_sampled) in k+1 before k's result arrives, unless the drafter
+// says it waits for k's result to draft after it (a draft must follow a
+// known token); after a row with drafts (awaiting_verify) its next position
+// is known only once the result says how many were accepted.
 #ifndef RINGLANE_ROUTER_SCHED_PLANNER_H_
 #define RINGLANE_ROUTER_SCHED_PLANNER_H_
 
@@ -35,14 +35,53 @@
 
 namespace ringlane::router {
 
-// Proposes draft tokens to follow a lane's last token (speculative
-// decoding). Called by the planner on the group's thread.
+// What the planner tells a drafter about one decode row it is planning.
+struct DraftContext {
+  // Most drafts the row may carry: the round's token budget left and the
+  // tokens the lane may still sample (a verify row samples drafts + 1).
+  int max_drafts = 0;
+  // Lanes that want a decode row this round (they share its cost).
+  int64_t decoding_lanes = 1;
+  // The lane's previous row has not returned: its last token is unknown,
+  // so drafting means skipping this round to draft after the result,
+  // instead of a plain decode row pipelined behind the one in flight.
+  bool row_in_flight = false;
+  // The group's measured round cost (may not be ready).
+  const RoundCostModel* cost = nullptr;
+};
+
+struct DraftDecision {
+  // Drafts for positions lane.fed + 1 onwards (only without a row in
+  // flight); empty = a plain decode row.
+  std::vector<int32_t> tokens;
+  // Which of the drafter's sources proposed them (its own numbering).
+  int source = -1;
+  // With a row in flight: give the lane no row this round and draft once
+  // its result is in.
+  bool wait = false;
+};
+
+// Speculative decoding's seam in the planner: decides per decode row whether
+// to draft, how deep and from which source, and learns from what the
+// workers accepted. Called on the group's thread only.
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // Up to `max_drafts` tokens for positions lane.fed + 1 onwards; the lane's
-  // seq ends with the token at position lane.fed (its last sampled token).
-  virtual std::vector<int32_t> Propose(const Lane& lane, int max_drafts) = 0;
+  // The lane's seq ends with the token at position lane.fed when no row is
+  // in flight (its last sampled token).
+  virtual DraftDecision Plan(const Lane& lane, const DraftContext& context) = 0;
+  // A verify row of `lane` carried `drafted` drafts of `source`; the
+  // workers accepted the first `accepted`.
+  virtual void OnVerified(LaneId lane, int source, int drafted, int accepted) {}
+  // A choice finished with `seq`, its prompt (the first `prompt_len`
+  // tokens) and output.
+  virtual void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) {}
+  // After a round is applied: drop what is kept for lanes no longer live.
+  virtual void Sweep(const SchedState& state) {}
+  // A round's result arrived `period_us` after the previous one, for
+  // `worker_us` of the workers' time; `pipelined` when it was sent while
+  // another round was in flight.
+  virtual void ObserveRound(bool pipelined, double period_us, double worker_us) {}
 };
 
 struct PlannerOptions {
@@ -50,7 +89,8 @@ struct PlannerOptions {
   double itl_target_ms = 50;
   int min_prefill_chunk = 16;
   int max_lanes = 32;
-  // Drafts per decode row at most (0 = no speculative decoding).
+  // Drafts per decode row at most (0 = no speculative decoding, whatever
+  // the drafter).
   int max_drafts = 0;
   // For messages: which group this is.
   size_t group_index = 0;
@@ -64,6 +104,11 @@ struct PlannedRow {
   int64_t tokens = 0;
   int64_t fed_after = 0;
   int64_t drafts = 0;
+  // The drafter's source of the drafts; whether the row is a decode row.
+  int draft_source = -1;
+  bool decode = false;
+  // The request gave no temperature (speculation metrics split on it).
+  bool temperature_omitted = false;
   // Index of the row in the plan.
   int plan_row = 0;
 };

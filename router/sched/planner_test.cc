@@ -38,10 +38,23 @@ using FakeGroup = FakeWorkerGroup;
 
 // Proposes the model's own continuation but gets every `wrong_every`-th
 // draft wrong, so that verify rows accept some drafts and reject the rest.
+// Every decode row drafts: a lane with a row in flight waits for it.
 class ScriptedDrafter final : public Drafter {
  public:
   explicit ScriptedDrafter(int wrong_every) : wrong_every_(wrong_every) {}
-  std::vector<int32_t> Propose(const Lane& lane, int max_drafts) override {
+  DraftDecision Plan(const Lane& lane, const DraftContext& ctx) override {
+    DraftDecision d;
+    if (ctx.row_in_flight) {
+      d.wait = true;
+      return d;
+    }
+    d.tokens = Propose(lane, ctx.max_drafts);
+    d.source = 0;
+    return d;
+  }
+
+ private:
+  std::vector<int32_t> Propose(const Lane& lane, int max_drafts) {
     uint64_t h = 0;
     int64_t sum = 0;
     const int64_t prompt = static_cast<int64_t>(lane.req->p.prompt.size());
@@ -60,7 +73,6 @@ class ScriptedDrafter final : public Drafter {
     return drafts;
   }
 
- private:
   const int wrong_every_;
   int64_t count_ = 0;
 };

@@ -1,0 +1,203 @@
+#include "router/spec/draft_sources.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace ringlane::router {
+
+namespace {
+
+uint64_t Mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return h;
+}
+
+uint64_t HashOf(absl::Span<const int32_t> tokens) {
+  uint64_t h = tokens.size();
+  for (int32_t t : tokens) h = Mix(h, static_cast<uint32_t>(t));
+  return h;
+}
+
+// Drafts per matched token, never fewer than one for a match.
+int DepthFor(int match_length, double factor, int max_drafts) {
+  if (match_length <= 0) return 0;
+  const int d = static_cast<int>(std::ceil(factor * match_length));
+  return std::clamp(d, 1, std::max(max_drafts, 0));
+}
+
+class NgramSource final : public DraftSource {
+ public:
+  explicit NgramSource(const DraftSourceOptions& o)
+      : min_n_(std::max(1, o.ngram_min)), max_n_(std::max(min_n_, o.ngram_max)) {}
+  const char* name() const override { return "ngram"; }
+
+  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+    Proposal p;
+    const int64_t len = static_cast<int64_t>(seq.size());
+    if (max_drafts <= 0 || len < min_n_ + 1) return p;
+    LaneIndex& lane = lanes_[id];
+    if (lane.last_end.empty()) lane.last_end.resize(max_n_ + 1);
+    // Earlier occurrences only: n-grams ending before the last token. A long
+    // prompt is indexed over several rounds rather than stalling one.
+    const int64_t until = std::min(len - 1, lane.indexed + kIndexPerCall);
+    for (int64_t e = lane.indexed; e < until; ++e) {
+      for (int n = min_n_; n <= max_n_ && n <= e + 1; ++n) {
+        lane.last_end[n][HashOf(seq.subspan(e - n + 1, n))] = static_cast<int32_t>(e);
+      }
+    }
+    lane.indexed = until;
+    for (int n = std::min<int64_t>(max_n_, len - 1); n >= min_n_; --n) {
+      const absl::Span<const int32_t> tail = seq.subspan(len - n, n);
+      auto it = lane.last_end[n].find(HashOf(tail));
+      if (it == lane.last_end[n].end()) continue;
+      const int64_t e = it->second;
+      if (!std::equal(tail.begin(), tail.end(), seq.begin() + (e - n + 1))) continue;
+      // Copy on from the occurrence; past the sequence's end the copy reads
+      // its own drafts, so a repeating period continues.
+      for (int64_t j = 0; j < max_drafts; ++j) {
+        const int64_t at = e + 1 + j;
+        p.tokens.push_back(at < len ? seq[at] : p.tokens[at - len]);
+      }
+      p.match_length = n;
+      return p;
+    }
+    return p;
+  }
+  void Forget(uint64_t id) override { lanes_.erase(id); }
+  size_t lanes() const override { return lanes_.size(); }
+
+ private:
+  static constexpr int64_t kIndexPerCall = 8192;
+  struct LaneIndex {
+    // [n]: n-gram hash -> end position of its latest occurrence.
+    std::vector<absl::flat_hash_map<uint64_t, int32_t>> last_end;
+    int64_t indexed = 0;  // end positions below this are indexed
+  };
+  const int min_n_;
+  const int max_n_;
+  absl::flat_hash_map<uint64_t, LaneIndex> lanes_;
+};
+
+class SuffixSource final : public DraftSource {
+ public:
+  SuffixSource(const DraftSourceOptions& o, std::shared_ptr<SuffixCache> cache)
+      : o_(o), cache_(std::move(cache)) {}
+  const char* name() const override { return "suffix"; }
+
+  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+    Proposal p;
+    if (max_drafts <= 0 || seq.empty()) return p;
+    auto [it, fresh] = lanes_.try_emplace(id, o_.suffix_depth);
+    LaneTrie& lane = it->second;
+    const int64_t len = static_cast<int64_t>(seq.size());
+    if (fresh && len > o_.suffix_window) lane.front = lane.appended = len - o_.suffix_window;
+    for (; lane.appended < len; ++lane.appended) {
+      lane.trie.Append(seq[lane.appended]);
+      if (lane.appended + 1 - lane.front > o_.suffix_window) {
+        lane.trie.DropFront(seq.subspan(lane.front));
+        ++lane.front;
+      }
+    }
+    const SuffixTrie::Match local = lane.trie.LongestMatch(seq, o_.suffix_max_pattern);
+    Proposal global;
+    if (cache_) {
+      global = cache_->Propose(seq, o_.suffix_max_pattern, o_.suffix_depth_factor,
+                               o_.suffix_min_fraction, max_drafts);
+    }
+    if (local.length > 0 && local.length >= global.match_length) {
+      p.tokens =
+          lane.trie.Continue(local, DepthFor(local.length, o_.suffix_depth_factor, max_drafts),
+                             o_.suffix_min_fraction);
+      p.match_length = local.length;
+      if (!p.tokens.empty()) return p;
+    }
+    return global;
+  }
+  void Forget(uint64_t id) override { lanes_.erase(id); }
+  void Finished(absl::Span<const int32_t> seq, int64_t prompt_len) override {
+    if (!cache_ || static_cast<int64_t>(seq.size()) <= prompt_len) return;
+    const int64_t from = std::max<int64_t>(0, prompt_len - o_.suffix_max_pattern);
+    cache_->Add(std::vector<int32_t>(seq.begin() + from, seq.end()));
+  }
+  size_t lanes() const override { return lanes_.size(); }
+
+ private:
+  struct LaneTrie {
+    explicit LaneTrie(int depth) : trie(depth) {}
+    SuffixTrie trie;
+    int64_t front = 0;     // oldest start position indexed
+    int64_t appended = 0;  // tokens appended so far
+  };
+  const DraftSourceOptions o_;
+  const std::shared_ptr<SuffixCache> cache_;
+  absl::flat_hash_map<uint64_t, LaneTrie> lanes_;
+};
+
+class RandomSource final : public DraftSource {
+ public:
+  explicit RandomSource(const DraftSourceOptions& o)
+      : vocab_(std::max(1, o.vocab_size)), seed_(o.random_seed) {}
+  const char* name() const override { return "random"; }
+  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+    Proposal p;
+    const uint64_t base = Mix(Mix(seed_, id), seq.size());
+    for (int j = 0; j < max_drafts; ++j) {
+      p.tokens.push_back(static_cast<int32_t>(Mix(base, j) % static_cast<uint64_t>(vocab_)));
+    }
+    return p;
+  }
+
+ private:
+  const int32_t vocab_;
+  const uint64_t seed_;
+};
+
+}  // namespace
+
+void SuffixCache::Add(std::vector<int32_t> tokens) {
+  absl::MutexLock l(&mu_);
+  trie_.Add(tokens);
+  tokens_ += static_cast<int64_t>(tokens.size());
+  kept_.push_back(std::move(tokens));
+  while (tokens_ > max_tokens_ && !kept_.empty()) {
+    trie_.Remove(kept_.front());
+    tokens_ -= static_cast<int64_t>(kept_.front().size());
+    kept_.pop_front();
+  }
+}
+
+Proposal SuffixCache::Propose(absl::Span<const int32_t> context, int max_pattern,
+                              double depth_factor, double min_fraction, int max_drafts) const {
+  Proposal p;
+  absl::MutexLock l(&mu_);
+  const SuffixTrie::Match m = trie_.LongestMatch(context, max_pattern);
+  if (m.length == 0) return p;
+  p.tokens = trie_.Continue(m, DepthFor(m.length, depth_factor, max_drafts), min_fraction);
+  p.match_length = p.tokens.empty() ? 0 : m.length;
+  return p;
+}
+
+int64_t SuffixCache::tokens() const {
+  absl::MutexLock l(&mu_);
+  return tokens_;
+}
+
+std::unique_ptr<DraftSource> MakeDraftSource(const std::string& name,
+                                             const DraftSourceOptions& options,
+                                             std::shared_ptr<SuffixCache> cache) {
+  if (name == "ngram") return std::make_unique<NgramSource>(options);
+  if (name == "suffix") return std::make_unique<SuffixSource>(options, std::move(cache));
+  if (name == "random") return std::make_unique<RandomSource>(options);
+  return nullptr;
+}
+
+const std::vector<std::string>& DraftSourceNames() {
+  static const std::vector<std::string> names = {"ngram", "suffix", "random"};
+  return names;
+}
+
+}  // namespace ringlane::router

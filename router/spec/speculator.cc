@@ -1,0 +1,200 @@
+#include "router/spec/speculator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "router/request/prepare.h"
+
+namespace ringlane::router {
+
+namespace {
+
+// Decay per verify row of a lane's acceptance and of a source's group-wide
+// one: a lane follows its text within a few rows, the group its workload.
+constexpr double kLaneDecay = 0.8;
+constexpr double kGlobalDecay = 0.98;
+// Weight of the group-wide rate in a lane's estimate, in verify rows.
+constexpr double kPriorRows = 2;
+// Per-token over fixed round cost until the cost model has a fit (decode of
+// a memory-bound model: a row costs a few percent of the weight reads).
+constexpr double kDefaultTokenCostRatio = 0.05;
+constexpr double kRoundDecay = 0.9;
+constexpr int kProbeMin = 8;
+constexpr int kProbeMax = 1024;
+constexpr int kProbeDepth = 2;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Speculator>> Speculator::Create(SpeculatorOptions options,
+                                                               std::shared_ptr<SuffixCache> cache) {
+  if (options.sources.empty()) return absl::InvalidArgumentError("no draft source named");
+  if (options.max_drafts < 1 || options.max_drafts > kMaxDraftsPerStep) {
+    return absl::InvalidArgumentError(absl::StrCat("max_drafts must be in [1, ", kMaxDraftsPerStep,
+                                                   "], got ", options.max_drafts));
+  }
+  const DraftSourceOptions& so = options.source_options;
+  if (so.ngram_min < 1 || so.ngram_max < so.ngram_min) {
+    return absl::InvalidArgumentError("ngram sizes must satisfy 1 <= min <= max");
+  }
+  if (so.suffix_depth < 2 || so.suffix_max_pattern < 1 || so.suffix_window <= so.suffix_depth) {
+    return absl::InvalidArgumentError("suffix trie: depth >= 2, pattern >= 1, window > depth");
+  }
+  std::vector<std::unique_ptr<DraftSource>> sources;
+  for (const std::string& name : options.sources) {
+    for (const auto& s : sources) {
+      if (name == s->name()) return absl::InvalidArgumentError("draft source '" + name + "' twice");
+    }
+    if (name == "random" && so.vocab_size <= 0) {
+      return absl::InvalidArgumentError("the random drafter needs the vocabulary size");
+    }
+    auto s = MakeDraftSource(name, so, cache);
+    if (!s) {
+      std::string known;
+      for (const std::string& n : DraftSourceNames())
+        absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown draft source '", name, "' (known: ", known, ")"));
+    }
+    sources.push_back(std::move(s));
+  }
+  return std::unique_ptr<Speculator>(new Speculator(std::move(options), std::move(sources)));
+}
+
+Speculator::Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources)
+    : o_(std::move(options)), sources_(std::move(sources)), global_(sources_.size()) {
+  for (const auto& s : sources_) names_.push_back(s->name());
+}
+
+double Speculator::SourceAcceptance(int source) const {
+  const Rate& g = global_[source];
+  // Half until the source has been seen: drafting starts, then learns.
+  return (g.accepted + 1) / (g.accepted + g.rejections + 2);
+}
+
+double Speculator::Acceptance(const LaneSpec& lane, int source) const {
+  const Rate& r = lane.rates[source];
+  return (r.accepted + kPriorRows * SourceAcceptance(source)) /
+         (r.accepted + r.rejections + kPriorRows);
+}
+
+double Speculator::LatencyRatio() const {
+  return std::clamp(unpipelined_ratio_ / pipelined_ratio_, 1.0, 8.0);
+}
+
+DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
+  DraftDecision d;
+  const PreparedRequest& p = lane.req->p;
+  if (!p.speculative) return d;
+  int cap = std::min(ctx.max_drafts, o_.max_drafts);
+  if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
+  if (cap <= 0) return d;
+  LaneSpec& ls = lanes_[lane.id];
+  if (ls.rates.empty()) ls.rates.resize(sources_.size());
+
+  // A draft position pays while its expected tokens beat its share of the
+  // round's cost (see the header).
+  double ratio = kDefaultTokenCostRatio;
+  if (ctx.cost != nullptr && ctx.cost->ready() && ctx.cost->fixed_us() > 0 &&
+      ctx.cost->per_token_us() > 0) {
+    ratio = ctx.cost->per_token_us() / ctx.cost->fixed_us();
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, ctx.decoding_lanes));
+  const double threshold = ratio * n / (1 + ratio * n);
+
+  int best = -1, best_k = 0;
+  double best_value = -1;
+  std::vector<int32_t> best_tokens;
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    Proposal prop = sources_[s]->Propose(lane.id, lane.seq, cap);
+    if (prop.tokens.empty()) continue;
+    const double a = Acceptance(ls, static_cast<int>(s));
+    int k = 0;
+    double value = 0, term = 1;
+    const int len = static_cast<int>(prop.tokens.size());
+    while (k < len) {
+      term *= a;
+      if (o_.adaptive && term <= threshold) break;
+      value += term;
+      ++k;
+    }
+    if (value > best_value) {
+      best = static_cast<int>(s);
+      best_k = k;
+      best_value = value;
+      best_tokens = std::move(prop.tokens);
+    }
+  }
+  if (best < 0) {
+    ++ls.rows_since_draft;
+    return d;
+  }
+  bool probe = false;
+  if (o_.adaptive && (best_k == 0 || 1 + best_value <= LatencyRatio())) {
+    if (ls.rows_since_draft < ls.probe_interval) {
+      ++ls.rows_since_draft;
+      return d;
+    }
+    probe = true;
+    best_k = std::min<int>(kProbeDepth, static_cast<int>(best_tokens.size()));
+  }
+  if (ctx.row_in_flight) {
+    d.wait = true;
+    return d;
+  }
+  ls.rows_since_draft = 0;
+  ls.probing = probe;
+  best_tokens.resize(best_k);
+  d.tokens = std::move(best_tokens);
+  d.source = best;
+  return d;
+}
+
+void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) {
+  if (source < 0 || source >= static_cast<int>(sources_.size()) || drafted <= 0) return;
+  const double rejected = accepted < drafted ? 1 : 0;
+  Rate& g = global_[source];
+  g.accepted = g.accepted * kGlobalDecay + accepted;
+  g.rejections = g.rejections * kGlobalDecay + rejected;
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return;
+  LaneSpec& ls = it->second;
+  Rate& r = ls.rates[source];
+  r.accepted = r.accepted * kLaneDecay + accepted;
+  r.rejections = r.rejections * kLaneDecay + rejected;
+  if (ls.probing) {
+    ls.probe_interval = accepted > 0 ? kProbeMin : std::min(2 * ls.probe_interval, kProbeMax);
+    ls.probing = false;
+  }
+}
+
+void Speculator::OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) {
+  for (auto& s : sources_) s->Finished(seq, prompt_len);
+}
+
+void Speculator::Sweep(const SchedState& state) {
+  if (lanes_.empty()) return;
+  absl::flat_hash_set<LaneId> live;
+  for (const auto& l : state.lanes) {
+    if (!l->gone) live.insert(l->id);
+  }
+  for (auto it = lanes_.begin(); it != lanes_.end();) {
+    if (live.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    for (auto& s : sources_) s->Forget(it->first);
+    lanes_.erase(it++);
+  }
+}
+
+void Speculator::ObserveRound(bool pipelined, double period_us, double worker_us) {
+  if (worker_us <= 0 || period_us <= 0) return;
+  const double r = period_us / worker_us;
+  double& mean = pipelined ? pipelined_ratio_ : unpipelined_ratio_;
+  mean = kRoundDecay * mean + (1 - kRoundDecay) * r;
+}
+
+}  // namespace ringlane::router

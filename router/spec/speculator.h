@@ -1,0 +1,103 @@
+// Speculative decoding's decisions for one worker group: which source
+// drafts for a lane, how deep, and whether drafting pays at all. The planner
+// asks it per decode row (Drafter::Plan); the group loop tells it what the
+// workers accepted and how long rounds took.
+//
+// Exactness does not depend on anything here: the workers sample every
+// verify position with that position's own counter-based random number and
+// accept a draft only when it equals the sample, so output is what plain
+// decode gives whatever is drafted. What depends on it is speed.
+//
+// Depth. For each source, a lane's acceptance p is the chance that a draft
+// is accepted given the ones before it were: accepted drafts / (accepted +
+// rejection events), decayed, over the lane's recent verify rows, with the
+// source's group-wide rate as its prior. The j-th draft then adds p^j
+// expected tokens and one position to a round shared by N decoding lanes;
+// by the round-cost model (fixed + per_token * tokens) it raises the
+// round's tokens per microsecond while p^j > per_token * N / (fixed +
+// per_token * N). So a lone memory-bound lane drafts deep, a full round
+// shallow, and a source that is rarely right not at all.
+//
+// Whether to draft. A lane that drafts gives up pipelining: its next row
+// must wait for the verify result. Plain decode pipelined yields one token
+// per pipelined round period; drafting yields 1 + sum p^j per unpipelined
+// period. Both periods are measured (result-to-result time over the
+// workers' own time, for rounds sent with and without one in flight), and a
+// lane drafts only when 1 + sum p^j beats their ratio. A lane that stopped
+// drafting probes with two drafts after probe_interval decode rows, the
+// interval doubling (to 1024) while probes fail, so a source that becomes
+// right again is noticed and one that never is costs almost nothing.
+//
+// Not thread-safe: the group's thread only.
+#ifndef RINGLANE_ROUTER_SPEC_SPECULATOR_H_
+#define RINGLANE_ROUTER_SPEC_SPECULATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "router/sched/planner.h"
+#include "router/spec/draft_sources.h"
+
+namespace ringlane::router {
+
+struct SpeculatorOptions {
+  // Source names (DraftSourceNames()), in order of preference on ties.
+  std::vector<std::string> sources;
+  int max_drafts = 8;
+  // false: every decode row drafts as deep as its source proposes (up to
+  // max_drafts), waiting for its row in flight; for tests that must see
+  // drafts on every row.
+  bool adaptive = true;
+  DraftSourceOptions source_options;
+};
+
+class Speculator final : public Drafter {
+ public:
+  // InvalidArgument for an unknown source or limits that cannot work.
+  static absl::StatusOr<std::unique_ptr<Speculator>> Create(SpeculatorOptions options,
+                                                            std::shared_ptr<SuffixCache> cache);
+
+  DraftDecision Plan(const Lane& lane, const DraftContext& context) override;
+  void OnVerified(LaneId lane, int source, int drafted, int accepted) override;
+  void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) override;
+  void Sweep(const SchedState& state) override;
+  void ObserveRound(bool pipelined, double period_us, double worker_us) override;
+
+  const std::vector<std::string>& source_names() const { return names_; }
+  // The group-wide acceptance estimate of a source (the lanes' prior).
+  double SourceAcceptance(int source) const;
+  // Unpipelined over pipelined round period, as measured (>= 1).
+  double LatencyRatio() const;
+  size_t lanes() const { return lanes_.size(); }
+
+ private:
+  struct Rate {
+    double accepted = 0;
+    double rejections = 0;
+  };
+  struct LaneSpec {
+    std::vector<Rate> rates;  // per source
+    int rows_since_draft = 0;
+    int probe_interval = 8;
+    bool probing = false;
+  };
+  Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
+  double Acceptance(const LaneSpec& lane, int source) const;
+
+  const SpeculatorOptions o_;
+  std::vector<std::unique_ptr<DraftSource>> sources_;
+  std::vector<std::string> names_;
+  std::vector<Rate> global_;
+  absl::flat_hash_map<LaneId, LaneSpec> lanes_;
+  // Decayed means of result-to-result period over worker time.
+  double unpipelined_ratio_ = 1.5;
+  double pipelined_ratio_ = 1.0;
+};
+
+}  // namespace ringlane::router
+
+#endif  // RINGLANE_ROUTER_SPEC_SPECULATOR_H_

@@ -1,0 +1,263 @@
+// The draft sources and the speculator's decisions, over a scripted "model"
+// whose next token the test knows: what each source proposes, how deep the
+// adaptive depth goes alone and under load, that a source which is always
+// wrong stops drafting (probes aside), per-request opt-out and limits, and
+// that per-lane state goes with its lane. Exactness is not tested here: it
+// does not depend on drafts (tests/speculative_e2e_test.cc checks it on real
+// workers).
+#include "router/spec/speculator.h"
+
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "router/sched/lane.h"
+#include "router/spec/draft_sources.h"
+
+namespace ringlane::router {
+namespace {
+
+using ::testing::ElementsAre;
+
+DraftSourceOptions SourceOptions() {
+  DraftSourceOptions o;
+  o.vocab_size = 512;
+  return o;
+}
+
+TEST(DraftSourcesTest, NgramCopiesTheLatestEarlierOccurrenceAndContinuesAPeriod) {
+  auto ngram = MakeDraftSource("ngram", SourceOptions(), nullptr);
+  ASSERT_NE(ngram, nullptr);
+  const std::vector<int32_t> copy = {1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3};
+  EXPECT_THAT(ngram->Propose(1, copy, 4).tokens, ElementsAre(4, 5, 6, 9));
+  const std::vector<int32_t> period = {7, 8, 7, 8, 7};
+  EXPECT_THAT(ngram->Propose(2, period, 5).tokens, ElementsAre(8, 7, 8, 7, 8));
+  const std::vector<int32_t> fresh = {1, 2, 3, 4, 5};
+  EXPECT_TRUE(ngram->Propose(3, fresh, 4).tokens.empty());
+  EXPECT_EQ(ngram->lanes(), 3u);
+  ngram->Forget(1);
+  EXPECT_EQ(ngram->lanes(), 2u);
+}
+
+TEST(DraftSourcesTest, SuffixProposesAnEarlierOutputAfterTheSamePrompt) {
+  auto cache = std::make_shared<SuffixCache>(24, 1000);
+  auto suffix = MakeDraftSource("suffix", SourceOptions(), cache);
+  std::vector<int32_t> first = {10, 11, 12, 13, 40, 41, 42, 43, 44, 45};
+  suffix->Finished(first, 4);
+  // A resend of the prompt: the global cache knows what followed it, as deep
+  // as the match is long (factor 2 on a 4-token match, within the limit).
+  const std::vector<int32_t> resend = {10, 11, 12, 13};
+  Proposal p = suffix->Propose(7, resend, 16);
+  EXPECT_EQ(p.match_length, 4);
+  EXPECT_THAT(p.tokens, ElementsAre(40, 41, 42, 43, 44, 45));
+  // The cache forgets the oldest output past its size.
+  for (int i = 0; i < 200; ++i) suffix->Finished({1, 2, 3, 4, 5, 6, 7, 8, 9}, 4);
+  EXPECT_LE(cache->tokens(), 1000);
+  EXPECT_TRUE(suffix->Propose(8, resend, 16).tokens.empty());
+}
+
+TEST(DraftSourcesTest, RandomIsDeterministic) {
+  auto a = MakeDraftSource("random", SourceOptions(), nullptr);
+  auto b = MakeDraftSource("random", SourceOptions(), nullptr);
+  const std::vector<int32_t> seq = {1, 2, 3};
+  EXPECT_EQ(a->Propose(1, seq, 6).tokens, b->Propose(1, seq, 6).tokens);
+  EXPECT_EQ(a->Propose(1, seq, 6).tokens.size(), 6u);
+  EXPECT_EQ(MakeDraftSource("nope", SourceOptions(), nullptr), nullptr);
+}
+
+// A lane of a "model" that repeats `period` forever, after a prompt that
+// already shows it: ngram drafts are always right, random ones never.
+struct ScriptedLane {
+  explicit ScriptedLane(LaneId id, std::vector<int32_t> period_tokens) : period(period_tokens) {
+    lane.id = id;
+    lane.req = std::make_shared<RequestState>();
+    for (int i = 0; i < 3; ++i) lane.seq.insert(lane.seq.end(), period.begin(), period.end());
+    lane.req->p.prompt = lane.seq;
+    lane.prompt_len = static_cast<int64_t>(lane.seq.size());
+    lane.fed = lane.prompt_len;
+  }
+  int32_t Next() const {
+    const size_t pos = lane.seq.size();
+    // A token never seen before, at pseudo-random positions: no source can
+    // learn where it comes.
+    if (noise_every > 0 && (pos * 2654435761u >> 7) % noise_every == 0) {
+      return static_cast<int32_t>(1000 + pos);
+    }
+    return period[pos % period.size()];
+  }
+  // Verifies `drafts` as the workers would; appends what the row emits.
+  int Verify(const std::vector<int32_t>& drafts) {
+    int accepted = 0;
+    while (accepted < static_cast<int>(drafts.size()) && drafts[accepted] == Next()) {
+      lane.seq.push_back(drafts[accepted++]);
+    }
+    lane.seq.push_back(Next());
+    return accepted;
+  }
+  std::vector<int32_t> period;
+  // About one position in noise_every holds a fresh token instead (0 =
+  // never): the period's drafts fail there.
+  size_t noise_every = 0;
+  Lane lane;
+};
+
+std::unique_ptr<Speculator> Make(std::vector<std::string> sources, int max_drafts = 8,
+                                 bool adaptive = true) {
+  SpeculatorOptions o;
+  o.sources = std::move(sources);
+  o.max_drafts = max_drafts;
+  o.adaptive = adaptive;
+  o.source_options = SourceOptions();
+  auto s = Speculator::Create(o, std::make_shared<SuffixCache>(24, 4096));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// A cost model fitted to rounds of fixed + per_token * tokens.
+RoundCostModel CostOf(double fixed_us, double per_token_us) {
+  RoundCostModel m;
+  for (int i = 0; i < 200; ++i) {
+    const int64_t tokens = 1 + i % 40;
+    m.Observe(tokens, fixed_us + per_token_us * static_cast<double>(tokens));
+  }
+  return m;
+}
+
+// Runs `rows` decode rows of one lane; returns the drafts per row.
+std::vector<int> RunRows(Speculator& spec, ScriptedLane& l, const DraftContext& ctx, int rows) {
+  std::vector<int> depths;
+  for (int i = 0; i < rows; ++i) {
+    DraftDecision d = spec.Plan(l.lane, ctx);
+    EXPECT_FALSE(d.wait);
+    depths.push_back(static_cast<int>(d.tokens.size()));
+    const int accepted = l.Verify(d.tokens);
+    if (!d.tokens.empty()) {
+      spec.OnVerified(l.lane.id, d.source, static_cast<int>(d.tokens.size()), accepted);
+    }
+  }
+  return depths;
+}
+
+TEST(SpeculatorTest, DraftsDeepAloneAndShallowerUnderLoad) {
+  const RoundCostModel cost = CostOf(10000, 100);  // a token is 1% of a round
+  DraftContext alone{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  auto spec = Make({"ngram"});
+  ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
+  std::vector<int> depths = RunRows(*spec, l, alone, 20);
+  EXPECT_EQ(depths.back(), 8);  // always right: as deep as allowed
+
+  // Drafts right about three times in four, a token 10% of a round: deep
+  // alone, none when 30 lanes share the round.
+  const RoundCostModel dear = CostOf(10000, 1000);
+  DraftContext one{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &dear};
+  DraftContext crowded = one;
+  crowded.decoding_lanes = 30;
+  auto alone_spec = Make({"ngram"});
+  auto crowded_spec = Make({"ngram"});
+  ScriptedLane a(2, {5, 6, 7, 8, 9}), c(2, {5, 6, 7, 8, 9});
+  a.noise_every = c.noise_every = 4;
+  const std::vector<int> d1 = RunRows(*alone_spec, a, one, 40);
+  const std::vector<int> d30 = RunRows(*crowded_spec, c, crowded, 40);
+  int deep = 0, shallow = 0;
+  for (int i = 20; i < 40; ++i) {
+    deep += d1[i];
+    shallow += d30[i];
+  }
+  EXPECT_GT(deep, 2 * shallow) << deep << " vs " << shallow;
+  EXPECT_GT(deep, 20);
+}
+
+TEST(SpeculatorTest, AnAlwaysWrongSourceStopsDrafting) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  auto spec = Make({"random"});
+  ScriptedLane l(1, {5, 6, 7});
+  const std::vector<int> depths = RunRows(*spec, l, ctx, 4000);
+  int drafting_rows = 0;
+  for (size_t i = 1000; i < depths.size(); ++i) drafting_rows += depths[i] > 0;
+  // Probes only: the interval doubles to 1024 rows.
+  EXPECT_LE(drafting_rows, 4);
+  EXPECT_LT(spec->SourceAcceptance(0), 0.15);
+  // Pipelined (a row in flight at every decision), it keeps the pipeline
+  // but for its probes.
+  DraftContext in_flight = ctx;
+  in_flight.row_in_flight = true;
+  int waits = 0;
+  for (int i = 0; i < 2000; ++i) {
+    if (spec->Plan(l.lane, in_flight).wait) {
+      ++waits;
+      RunRows(*spec, l, ctx, 1);  // the row after the result drafts
+    } else {
+      l.Verify({});
+    }
+  }
+  EXPECT_LE(waits, 3);
+}
+
+TEST(SpeculatorTest, WaitsForTheRowInFlightOnlyWhenDraftingPays) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  auto spec = Make({"ngram"});
+  ScriptedLane l(1, {5, 6, 7, 8, 9});
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = true, .cost = &cost};
+  DraftDecision d = spec->Plan(l.lane, ctx);
+  EXPECT_TRUE(d.wait);
+  EXPECT_TRUE(d.tokens.empty());
+}
+
+TEST(SpeculatorTest, PerRequestOptOutAndLimit) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  auto spec = Make({"ngram"}, 8, /*adaptive=*/false);
+  ScriptedLane off(1, {5, 6, 7});
+  off.lane.req->p.speculative = false;
+  EXPECT_TRUE(spec->Plan(off.lane, ctx).tokens.empty());
+  ScriptedLane capped(2, {5, 6, 7});
+  capped.lane.req->p.max_drafts = 3;
+  EXPECT_EQ(spec->Plan(capped.lane, ctx).tokens.size(), 3u);
+  ScriptedLane zero(3, {5, 6, 7});
+  zero.lane.req->p.max_drafts = 0;
+  EXPECT_TRUE(spec->Plan(zero.lane, ctx).tokens.empty());
+  // The planner's own cap (budget, max_tokens) wins too.
+  ctx.max_drafts = 2;
+  EXPECT_EQ(spec->Plan(capped.lane, ctx).tokens.size(), 2u);
+}
+
+TEST(SpeculatorTest, SweepDropsStateOfLanesThatAreGone) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  auto spec = Make({"ngram", "suffix"});
+  SchedState state;
+  std::vector<std::unique_ptr<ScriptedLane>> lanes;
+  for (LaneId id = 1; id <= 4; ++id) {
+    lanes.push_back(std::make_unique<ScriptedLane>(id, std::vector<int32_t>{5, 6, 7}));
+    spec->Plan(lanes.back()->lane, ctx);
+    auto copy = std::make_unique<Lane>();
+    copy->id = id;
+    copy->gone = id % 2 == 0;
+    state.lanes.push_back(std::move(copy));
+  }
+  EXPECT_EQ(spec->lanes(), 4u);
+  spec->Sweep(state);
+  EXPECT_EQ(spec->lanes(), 2u);
+}
+
+TEST(SpeculatorTest, RejectsBadOptions) {
+  SpeculatorOptions o;
+  o.source_options = SourceOptions();
+  EXPECT_FALSE(Speculator::Create(o, nullptr).ok());  // no source
+  o.sources = {"ngram", "ngram"};
+  EXPECT_FALSE(Speculator::Create(o, nullptr).ok());
+  o.sources = {"eagle"};
+  EXPECT_FALSE(Speculator::Create(o, nullptr).ok());
+  o.sources = {"ngram"};
+  o.max_drafts = 0;
+  EXPECT_FALSE(Speculator::Create(o, nullptr).ok());
+  o.max_drafts = 65;
+  EXPECT_FALSE(Speculator::Create(o, nullptr).ok());
+  o.max_drafts = 8;
+  EXPECT_TRUE(Speculator::Create(o, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ringlane::router

@@ -1,0 +1,192 @@
+// Speculative decoding never changes output: on real workers behind a real
+// router, every request gives the same token ids, logprobs and top
+// alternatives (compared bit for bit) with speculation off, with each
+// drafter on (at fixed depth, so that every decode step verifies drafts),
+// with the adaptive default, and with five requests at once all
+// speculating. Greedy and seeded sampling at temperature 0.8 with top-p and
+// penalties; the golden cases of the bundled model and prompts on a
+// synthetic FP8 model. The router's metrics must show that drafts were
+// verified, accepted and (for the random drafter) rejected, so the test
+// cannot pass by not speculating.
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "ringlane/v1/generate.grpc.pb.h"
+#include "tests/support/cluster.h"
+#include "tests/support/http_probe.h"
+#include "tests/support/lane_runner.h"
+#include "tests/support/synthetic_shapes.h"
+#include "worker/model/synthetic.h"
+
+namespace ringlane {
+namespace {
+
+namespace v1 = ringlane::v1;
+using testing::CallOut;
+using testing::ChoiceOut;
+
+struct Config {
+  const char* name;
+  std::vector<std::string> flags;
+  bool expect_accepted;
+  bool expect_rejected;
+};
+
+const std::vector<Config>& Configs() {
+  static const std::vector<Config> configs = {
+      {"off", {"--spec_drafters=none"}, false, false},
+      {"ngram", {"--spec_drafters=ngram", "--spec_adaptive=false"}, true, false},
+      {"suffix", {"--spec_drafters=suffix", "--spec_adaptive=false"}, true, false},
+      {"random",
+       {"--spec_drafters=random", "--spec_adaptive=false", "--spec_max_drafts=3"},
+       false,
+       true},
+      {"adaptive", {"--spec_drafters=ngram,suffix"}, false, false},
+  };
+  return configs;
+}
+
+v1::GenerateRequest Request(const std::vector<int32_t>& prompt, int max_tokens, bool sampled) {
+  v1::GenerateRequest r = testing::GreedyRequest(prompt, max_tokens);
+  r.set_logprobs(true);
+  v1::SamplingParams* s = r.mutable_sampling();
+  s->set_top_logprobs(3);
+  if (sampled) {
+    s->set_temperature(0.8f);
+    s->set_top_p(0.9f);
+    s->set_presence_penalty(0.4f);
+    s->set_frequency_penalty(0.3f);
+    s->set_seed(1234);
+  }
+  // Repetition is what drafts feed on; the watchdog would cut it short.
+  r.set_loop_watchdog(false);
+  return r;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void ExpectSame(const ChoiceOut& want, const ChoiceOut& got, const std::string& what) {
+  EXPECT_EQ(got.ids, want.ids) << what;
+  EXPECT_TRUE(SameBits(got.logprobs, want.logprobs)) << what << ": logprobs differ";
+  EXPECT_EQ(got.top_ids, want.top_ids) << what;
+  EXPECT_TRUE(SameBits(got.top_logprobs, want.top_logprobs)) << what << ": top logprobs differ";
+  EXPECT_EQ(got.ids.size(), want.ids.size()) << what;
+}
+
+struct Model {
+  const char* name;
+  std::vector<std::string> worker_flags;
+  std::vector<v1::GenerateRequest> requests;
+  // Golden ids the greedy requests must give (empty: no reference).
+  std::vector<std::vector<int32_t>> golden;
+};
+
+Model Stories() {
+  Model m{"stories260K", {}, {}, {}};
+  for (bool sampled : {false, true}) {
+    for (const testing::GoldenCase& g : testing::GoldenCases()) {
+      m.requests.push_back(Request(g.prompt, static_cast<int>(g.ids.size()), sampled));
+      m.golden.push_back(sampled ? std::vector<int32_t>{} : g.ids);
+    }
+  }
+  return m;
+}
+
+Model Synthetic() {
+  worker::SyntheticModelOptions o =
+      testing::Fp8GqaModel(::testing::TempDir() + "/rl_spec_synth_" + std::to_string(getpid()),
+                           /*intermediate=*/256, /*vocab=*/512, /*seed=*/5);
+  EXPECT_TRUE(worker::WriteSyntheticModel(o).ok());
+  Model m{"synthetic-fp8", {"--model=" + o.out_dir}, {}, {}};
+  for (bool sampled : {false, true}) {
+    for (int p = 0; p < 3; ++p) {
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 12 + 9 * p; ++i) prompt.push_back(1 + (i * 37 + p * 101) % 500);
+      // Half of it again: something to copy.
+      prompt.insert(prompt.end(), prompt.begin(), prompt.begin() + prompt.size() / 2);
+      m.requests.push_back(Request(prompt, 120, sampled));
+      m.golden.emplace_back();
+    }
+  }
+  return m;
+}
+
+std::vector<ChoiceOut> RunAll(testing::Cluster& c, const std::vector<v1::GenerateRequest>& reqs,
+                              bool concurrent) {
+  std::vector<ChoiceOut> out(reqs.size());
+  auto one = [&](size_t i) {
+    CallOut o = testing::Call(*c.stub, reqs[i]);
+    EXPECT_TRUE(o.status.ok()) << o.status.error_message();
+    out[i] = o.choices[0];
+  };
+  if (!concurrent) {
+    for (size_t i = 0; i < reqs.size(); ++i) one(i);
+    return out;
+  }
+  // Five at a time, all speculating in the same rounds.
+  for (size_t start = 0; start < reqs.size(); start += 5) {
+    std::vector<std::thread> threads;
+    for (size_t i = start; i < std::min(reqs.size(), start + 5); ++i) threads.emplace_back(one, i);
+    for (auto& t : threads) t.join();
+  }
+  return out;
+}
+
+class SpeculativeE2eTest : public ::testing::TestWithParam<Model (*)()> {};
+
+TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurrent) {
+  const Model m = GetParam()();
+  std::vector<ChoiceOut> reference;
+  for (const Config& cfg : Configs()) {
+    SCOPED_TRACE(absl::StrCat(m.name, ", speculation ", cfg.name));
+    testing::ClusterOptions co;
+    co.worker_flags = m.worker_flags;
+    co.router_flags = cfg.flags;
+    auto c = testing::StartCluster(co);
+    ASSERT_NE(c, nullptr);
+    const std::vector<ChoiceOut> solo = RunAll(*c, m.requests, false);
+    if (reference.empty()) {
+      reference = solo;
+      for (size_t i = 0; i < m.golden.size(); ++i) {
+        if (!m.golden[i].empty()) EXPECT_EQ(solo[i].ids, m.golden[i]) << "golden case " << i;
+      }
+    }
+    const std::vector<ChoiceOut> together = RunAll(*c, m.requests, true);
+    for (size_t i = 0; i < m.requests.size(); ++i) {
+      ExpectSame(reference[i], solo[i], absl::StrCat("request ", i, " solo"));
+      ExpectSame(reference[i], together[i], absl::StrCat("request ", i, " five at once"));
+    }
+    auto metrics = testing::GetOnce(c->http(), "/metrics");
+    ASSERT_TRUE(metrics.ok());
+    const double drafted = testing::Metric(metrics->body, "ringlane_spec_drafted_tokens_total");
+    const double accepted = testing::Metric(metrics->body, "ringlane_spec_accepted_tokens_total");
+    const double rejected = testing::Metric(metrics->body, "ringlane_spec_rejected_tokens_total");
+    std::printf("%s, %s: drafted %.0f, accepted %.0f, rejected %.0f\n", m.name, cfg.name, drafted,
+                accepted, rejected);
+    if (std::string(cfg.name) == "off") {
+      EXPECT_EQ(drafted, 0);
+    } else if (std::string(cfg.name) != "adaptive") {
+      EXPECT_GT(drafted, 0);
+      EXPECT_EQ(drafted, accepted + rejected);
+    }
+    if (cfg.expect_accepted) EXPECT_GT(accepted, 0);
+    if (cfg.expect_rejected) EXPECT_GT(rejected, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpeculativeE2eTest, ::testing::Values(&Stories, &Synthetic),
+                         [](const auto& info) {
+                           return info.index == 0 ? "stories" : "synthetic";
+                         });
+
+}  // namespace
+}  // namespace ringlane
