@@ -18,6 +18,8 @@ THREADS ?= 2
 WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
+# Speculative decoding under `make serve` (the router's --spec_drafters).
+SPEC_DRAFTERS ?= ngram,suffix
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
 	fuzz fuzz-smoke bench kvstore-bench soak monitor image-cpu image-cuda format clean
@@ -43,6 +45,7 @@ test: build fuzz-targets
 # gRPC client runs in the foreground (type a prompt, get streamed text).
 serve: build
 	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
+	  SPEC_DRAFTERS=$(SPEC_DRAFTERS) \
 	  deploy/local/serve.sh "$(PROMPT)"
 
 # Debian's Prometheus with deploy/prometheus/ (scrape config and alert rules)

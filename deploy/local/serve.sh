@@ -32,6 +32,8 @@ KVSTORE_LISTEN=${KVSTORE_LISTEN:-127.0.0.1:50071}
 CLIENT="$BUILD/tools/ringlane-generate-client"
 CERTS=${CERTS:-$BUILD/certs}
 TLS=${TLS:-on}
+# Speculative decoding's draft sources (the router's --spec_drafters; none = off).
+SPEC_DRAFTERS=${SPEC_DRAFTERS:-ngram,suffix}
 KVSTORE_DIR=${KVSTORE_DIR:-$LOGS/kvstore}
 mkdir -p "$LOGS"
 
@@ -87,7 +89,7 @@ rank0=$(listening "$LOGS/rank0.out" "${pids[1]}" worker)
 pids+=($!)
 rank1=$(listening "$LOGS/rank1.out" "${pids[2]}" worker)
 "$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
-  --http_listen="$HTTP_LISTEN" "${tls[@]}" \
+  --http_listen="$HTTP_LISTEN" --spec_drafters="$SPEC_DRAFTERS" "${tls[@]}" \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
 router=$(listening "$LOGS/router.out" "${pids[3]}" router)
@@ -95,6 +97,7 @@ http=$(listening "$LOGS/router.out" "${pids[3]}" http)
 model=stories260K
 echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
 echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; offload and restore on)" >&2
+echo "serve: speculative decoding: $SPEC_DRAFTERS (SPEC_DRAFTERS=none turns it off)" >&2
 echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
 echo "http://$http/v1"
 echo "serve: try  curl http://$http/v1/completions -H 'Content-Type: application/json' \\" >&2
