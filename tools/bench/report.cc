@@ -95,7 +95,7 @@ std::string Agreement(const CounterValues& delta, const char* key, int64_t clien
 
 std::string SpecAcceptance(const CounterValues& delta) {
   auto a = delta.find("spec_accepted_tokens");
-  auto d = delta.find("spec_draft_tokens");
+  auto d = delta.find("spec_drafted_tokens");
   if (a == delta.end() || d == delta.end() || d->second <= 0) return "n/a";
   return absl::StrFormat("%.1f%%", 100 * a->second / d->second);
 }
