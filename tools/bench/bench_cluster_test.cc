@@ -147,6 +147,10 @@ TEST_F(BenchClusterTest, ShippedWorkloadsMatchTheRoutersMetrics) {
       ASSERT_TRUE(l["has_metrics"].get<bool>());
       prompt += l["warmup_prompt_tokens"].get<int64_t>();
       completion += l["warmup_completion_tokens"].get<int64_t>();
+      // copy's documents, made before the level.
+      prompt += l["document_prompt_tokens"].get<int64_t>();
+      completion += l["document_completion_tokens"].get<int64_t>();
+      EXPECT_EQ(l["document_errors"], 0);
     }
     // Over the whole run, by our own scrapes around the binary: the tokens
     // the report counts are the tokens the router counted.

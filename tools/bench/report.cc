@@ -389,7 +389,11 @@ std::string RenderJson(const RunResult& run, const std::vector<GroupStats>& grou
                       {"warmup_requests", l.warmup_requests},
                       {"warmup_errors", l.warmup_errors},
                       {"warmup_prompt_tokens", l.warmup_prompt_tokens},
-                      {"warmup_completion_tokens", l.warmup_completion_tokens}});
+                      {"warmup_completion_tokens", l.warmup_completion_tokens},
+                      {"document_requests", l.document_requests},
+                      {"document_errors", l.document_errors},
+                      {"document_prompt_tokens", l.document_prompt_tokens},
+                      {"document_completion_tokens", l.document_completion_tokens}});
   }
   j["levels"] = std::move(levels);
   json gs = json::array();

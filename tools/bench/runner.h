@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,12 @@ struct RunOptions {
   std::function<void(std::string_view)> log;
 };
 
+// kCopy's prompt: `document`, a newline, then the document's first
+// `fraction` of its words again (rounded to the nearest word, cut where that
+// word ends, so no token is split). Surrounding whitespace of the document
+// is dropped.
+std::string CopyPromptText(std::string_view document, double fraction);
+
 // One stage run at one concurrency.
 struct LevelResult {
   std::string stage;
@@ -71,6 +78,17 @@ struct LevelResult {
   int warmup_errors = 0;
   int64_t warmup_prompt_tokens = 0;      // from usage
   int64_t warmup_completion_tokens = 0;  // from usage
+  // kCopy: the unrecorded calls that wrote each request's document, made
+  // before the level's first scrape (so the level's counters cover only the
+  // recorded requests).
+  int document_requests = 0;
+  int document_errors = 0;
+  int64_t document_prompt_tokens = 0;      // from usage
+  int64_t document_completion_tokens = 0;  // from usage
+  // kAgentic: the counters' difference over each phase ("first", "repeat"),
+  // split by a read when the first pass ended; empty without metrics, when
+  // that read failed, or when the server restarted.
+  std::map<std::string, CounterValues> phase_delta;
 };
 
 struct RunResult {
