@@ -1,7 +1,9 @@
 // Runs a workload against a server: for each stage and concurrency level,
 // that many client threads send requests until the level's request count or
 // time bound is reached, while the server's metrics are read before, during
-// (to see restarts) and after. Samples are collected for the report.
+// (to see restarts) and after. Samples are collected for the report. Copy
+// stages write their documents before a level's first read; agentic stages
+// read the metrics again between their first pass and the repeats.
 //
 // RunWorkload is called from one thread (main); it starts and joins its
 // own threads per level: one per stream, each owning an ApiClient, plus a
