@@ -147,6 +147,17 @@ TEST_F(BenchClusterTest, ShippedWorkloadsMatchTheRoutersMetrics) {
       ASSERT_TRUE(l["has_metrics"].get<bool>());
       prompt += l["warmup_prompt_tokens"].get<int64_t>();
       completion += l["warmup_completion_tokens"].get<int64_t>();
+      // copy's documents, made before the level.
+      prompt += l["document_prompt_tokens"].get<int64_t>();
+      completion += l["document_completion_tokens"].get<int64_t>();
+      EXPECT_EQ(l["document_errors"], 0);
+      // Without speculation every sampling row yields one token (when the
+      // router exports its sampling rows at all).
+      const json& d = l["metrics_delta"];
+      const bool drafted = d.contains("spec_drafted_tokens") && d["spec_drafted_tokens"] > 0;
+      if (!drafted && !l["tokens_per_step"].is_null()) {
+        EXPECT_NEAR(l["tokens_per_step"].get<double>(), 1.0, 1e-9) << l.dump();
+      }
     }
     // Over the whole run, by our own scrapes around the binary: the tokens
     // the report counts are the tokens the router counted.
@@ -163,6 +174,10 @@ TEST_F(BenchClusterTest, ShippedWorkloadsMatchTheRoutersMetrics) {
     }
     if (name == "soak") {
       EXPECT_THAT(md, HasSubstr("## Soak"));
+    }
+    if (name == "agentic") {
+      EXPECT_THAT(md, HasSubstr("| agentic (first) |"));
+      EXPECT_THAT(md, HasSubstr("| agentic (repeat) |"));
     }
   }
   std::filesystem::remove_all(root);

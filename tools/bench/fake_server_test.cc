@@ -57,6 +57,11 @@ struct FakeOptions {
   int metrics_error = 0;
   // Where the counters in /metrics start.
   int64_t metrics_base = 0;
+  // Export the speculation counters too: each 2-token chunk is a verify row
+  // that accepted one of its two drafts (every chunk is a sampling row,
+  // which /metrics always exports). The series are split over two drafters
+  // and appear with the first request, as the router's labelled ones do.
+  bool speculation = false;
   // 0: any free port.
   int port = 0;
 };
@@ -146,7 +151,24 @@ class FakeServer {
             "# TYPE ringlane_generation_tokens_total counter\n",
             "ringlane_generation_tokens_total{model=\"fake-model\",group=\"0\"} ", generated_,
             "\nringlane_prompt_tokens_total{model=\"fake-model\",group=\"0\"} ", prompted_,
-            "\nringlane_rounds_total{model=\"fake-model\",group=\"0\"} ", rounds_, "\n");
+            "\nringlane_rounds_total{model=\"fake-model\",group=\"0\"} ", rounds_,
+            "\nringlane_sampling_rows_total{model=\"fake-model\",group=\"0\"} ", sampling_rows_,
+            "\n");
+        if (options_.speculation && verify_rows_ > 0) {
+          for (auto [name, total] :
+               {std::pair<const char*, int64_t>{"drafted_tokens", 2 * verify_rows_},
+                {"accepted_tokens", verify_rows_},
+                {"rejected_tokens", verify_rows_},
+                {"verify_rows", verify_rows_}}) {
+            absl::StrAppend(&resp.body(), "ringlane_spec_", name,
+                            "_total{model=\"fake-model\",group=\"0\",drafter=\"ngram\","
+                            "temperature=\"given\"} ",
+                            total - total / 2, "\nringlane_spec_", name,
+                            "_total{model=\"fake-model\",group=\"0\",drafter=\"suffix\","
+                            "temperature=\"given\"} ",
+                            total / 2, "\n");
+          }
+        }
       } else {
         resp.result(http::status::not_found);
         resp.body() = R"({"error":{"message":"no such route"}})";
@@ -222,6 +244,8 @@ class FakeServer {
     generated_ += total + options_.metrics_error;
     prompted_ += prompt;
     rounds_ += total;
+    sampling_rows_ += static_cast<int64_t>(options_.chunk_tokens.size());
+    for (int t : options_.chunk_tokens) verify_rows_ += t == 2;
     return !ec;
   }
 
@@ -239,6 +263,8 @@ class FakeServer {
   int64_t generated_ ABSL_GUARDED_BY(mu_) = options_.metrics_base;
   int64_t prompted_ ABSL_GUARDED_BY(mu_) = options_.metrics_base;
   int64_t rounds_ ABSL_GUARDED_BY(mu_) = options_.metrics_base;
+  int64_t sampling_rows_ ABSL_GUARDED_BY(mu_) = options_.metrics_base;
+  int64_t verify_rows_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 Workload TestWorkload(std::vector<int> concurrency = {1}, int requests = 3) {
@@ -419,6 +445,150 @@ TEST(FakeServerTest, RinglaneModeSendsExtensionsAndChecksMetrics) {
   EXPECT_THAT(md, HasSubstr("| 24 = 24 |"));
   EXPECT_THAT(md, HasSubstr("| 36 = 36 |"));
   EXPECT_THAT(md, Not(HasSubstr("DIFFERS")));
+  // 8 tokens in 5 sampling rows per request; no speculation counters.
+  EXPECT_THAT(md, HasSubstr("| 1.60 | n/a | n/a |"));
+}
+
+TEST(FakeServerTest, CopyPromptsRepeatTheServersOwnDocument) {
+  FakeOptions fake;
+  fake.first_chunk_ms = 20;
+  fake.gap_ms = 10;
+  fake.speculation = true;
+  FakeServer server(fake);
+  Workload w = TestWorkload({2}, 3);
+  Stage& st = w.stages[0];
+  st.mode = StageMode::kCopy;
+  st.prompt_tokens.values = {4};
+  st.document_tokens.values = {30};
+  st.copy_prefix_fraction = 0.25;
+  absl::StatusOr<RunResult> run =
+      RunWorkload(w, Options(server, ServerKind::kRinglane, /*logprobs=*/true));
+  ASSERT_TRUE(run.ok()) << run.status();
+  // The documents are not samples.
+  ASSERT_EQ(run->samples.size(), 3u);
+  // The fake streams " w0 w1 ... w7" whatever it is asked: that is every
+  // document, and a quarter of its 8 words is 2.
+  const std::string copy_prompt = "w0 w1 w2 w3 w4 w5 w6 w7\nw0 w1";
+  int documents = 0, copies = 0;
+  for (const json& b : server.completion_bodies()) {
+    EXPECT_EQ(b["temperature"], 0);
+    if (b["max_tokens"] == 30) {
+      ++documents;
+      EXPECT_NE(b["prompt"], copy_prompt);  // a fresh seed
+    } else {
+      ++copies;
+      EXPECT_EQ(b["max_tokens"], 8);
+      EXPECT_EQ(b["prompt"], copy_prompt);
+    }
+  }
+  EXPECT_EQ(documents, 3);
+  EXPECT_EQ(copies, 3);
+  for (const RequestSample& s : run->samples) {
+    EXPECT_TRUE(s.ok()) << s.error;
+    EXPECT_EQ(s.phase, "");
+    EXPECT_TRUE(s.prompt_tokens_exact);
+    EXPECT_EQ(s.prompt_tokens_expected, 11);  // 10 words + BOS
+    EXPECT_EQ(s.usage_prompt_tokens, 11);
+  }
+  ASSERT_EQ(run->levels.size(), 1u);
+  const LevelResult& level = run->levels[0];
+  EXPECT_EQ(level.document_requests, 3);
+  EXPECT_EQ(level.document_errors, 0);
+  EXPECT_EQ(level.document_completion_tokens, 24);
+  // The documents were written before the level's first read: its counters
+  // cover the recorded requests only.
+  EXPECT_EQ(level.delta.at("generation_tokens"), 24);
+  EXPECT_EQ(level.delta.at("sampling_rows"), 15);
+  EXPECT_EQ(level.delta.at("spec_drafted_tokens"), 18);
+  const std::vector<GroupStats> groups = ComputeGroups(*run);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_DOUBLE_EQ(groups[0].steps.tokens_per_step.value(), 1.6);
+  EXPECT_DOUBLE_EQ(groups[0].steps.draft_acceptance.value(), 0.5);
+  EXPECT_DOUBLE_EQ(groups[0].steps.accepted_per_verify_row.value(), 1.0);
+  const std::string md = RenderMarkdown(*run, groups);
+  EXPECT_THAT(md, HasSubstr("| 24 = 24 |"));
+  EXPECT_THAT(md, HasSubstr("| 1.60 | 50.0% | 1.00 |"));
+  EXPECT_THAT(md, Not(HasSubstr("DIFFERS")));
+  const json j = json::parse(RenderJson(*run, groups));
+  EXPECT_DOUBLE_EQ(j["levels"][0]["tokens_per_step"].get<double>(), 1.6);
+  EXPECT_DOUBLE_EQ(j["levels"][0]["draft_acceptance"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j["levels"][0]["accepted_per_verify_row"].get<double>(), 1.0);
+  EXPECT_EQ(j["levels"][0]["document_completion_tokens"], 24);
+  EXPECT_DOUBLE_EQ(j["groups"][0]["tokens_per_step"].get<double>(), 1.6);
+}
+
+TEST(FakeServerTest, AgenticRepeatsFollowTheFirstPass) {
+  FakeOptions fake;
+  fake.first_chunk_ms = 20;
+  fake.gap_ms = 10;
+  FakeServer server(fake);
+  Workload w = TestWorkload({2}, 5);
+  Stage& st = w.stages[0];
+  st.mode = StageMode::kAgentic;
+  st.prompt_tokens.values = {6};
+  st.distinct_prompts = 2;
+  absl::StatusOr<RunResult> run =
+      RunWorkload(w, Options(server, ServerKind::kRinglane, /*logprobs=*/true));
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->samples.size(), 5u);
+  // The repeats start after the whole first pass has ended, so the bodies
+  // arrive first pass first: two distinct prompts, then only those again.
+  const std::vector<json> bodies = server.completion_bodies();
+  ASSERT_EQ(bodies.size(), 5u);
+  EXPECT_NE(bodies[0]["prompt"], bodies[1]["prompt"]);
+  for (size_t i = 2; i < bodies.size(); ++i) {
+    EXPECT_TRUE(bodies[i]["prompt"] == bodies[0]["prompt"] ||
+                bodies[i]["prompt"] == bodies[1]["prompt"])
+        << bodies[i].dump();
+  }
+  double first_end = 0;
+  int first = 0, repeat = 0;
+  for (const RequestSample& s : run->samples) {
+    EXPECT_TRUE(s.ok()) << s.error;
+    if (s.phase == "first") {
+      ++first;
+      first_end = std::max(first_end, s.start_s + s.e2e_ms / 1000);
+    } else {
+      EXPECT_EQ(s.phase, "repeat");
+      ++repeat;
+    }
+  }
+  EXPECT_EQ(first, 2);
+  EXPECT_EQ(repeat, 3);
+  for (const RequestSample& s : run->samples) {
+    // A little slack: the first pass's end is measured by its clients.
+    if (s.phase == "repeat") {
+      EXPECT_GE(s.start_s, first_end - 0.005);
+    }
+  }
+  // The counters split at the first pass's end.
+  ASSERT_EQ(run->levels.size(), 1u);
+  const LevelResult& level = run->levels[0];
+  EXPECT_EQ(level.delta.at("generation_tokens"), 40);
+  ASSERT_EQ(level.phase_delta.size(), 2u);
+  EXPECT_EQ(level.phase_delta.at("first").at("generation_tokens"), 16);
+  EXPECT_EQ(level.phase_delta.at("repeat").at("generation_tokens"), 24);
+  const std::vector<GroupStats> groups = ComputeGroups(*run);
+  ASSERT_EQ(groups.size(), 2u);
+  for (const GroupStats& g : groups) {
+    // The phases run one after the other, so each has a throughput.
+    EXPECT_GT(g.aggregate_tps, 0) << g.phase;
+    EXPECT_DOUBLE_EQ(g.steps.tokens_per_step.value(), 1.6) << g.phase;
+    EXPECT_FALSE(g.steps.draft_acceptance.has_value());
+  }
+  const std::string md = RenderMarkdown(*run, groups);
+  EXPECT_THAT(md, HasSubstr("| t (first) | 2 |"));
+  EXPECT_THAT(md, HasSubstr("| t (repeat) | 2 |"));
+  EXPECT_THAT(md, HasSubstr("| 16 = 16 |"));
+  EXPECT_THAT(md, HasSubstr("| 24 = 24 |"));
+  EXPECT_THAT(md, HasSubstr("| 40 = 40 |"));
+  EXPECT_THAT(md, Not(HasSubstr("DIFFERS")));
+  const json j = json::parse(RenderJson(*run, groups));
+  EXPECT_EQ(j["samples"][0]["phase"], "first");
+  ASSERT_EQ(j["levels"][0]["phases"].size(), 2u);
+  EXPECT_EQ(j["levels"][0]["phases"][1]["phase"], "repeat");
+  EXPECT_EQ(j["levels"][0]["phases"][1]["metrics_delta"]["generation_tokens"], 24);
+  EXPECT_DOUBLE_EQ(j["levels"][0]["phases"][1]["tokens_per_step"].get<double>(), 1.6);
 }
 
 TEST(FakeServerTest, MetricsThatDisagreeAreFlagged) {

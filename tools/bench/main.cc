@@ -24,8 +24,10 @@
 
 ABSL_FLAG(std::string, base_url, "http://127.0.0.1:8080/v1",
           "the server's OpenAI API root (completions at {base_url}/completions)");
-ABSL_FLAG(std::string, workload, "decode",
-          "a shipped workload (decode, prefill, sweep, resend, soak) or a workload JSON file");
+ABSL_FLAG(
+    std::string, workload, "decode",
+    "a shipped workload (decode, prefill, sweep, resend, soak, copy, agentic) or a workload JSON "
+    "file");
 ABSL_FLAG(std::string, server, "ringlane",
           "ringlane (send its extensions ignore_eos/loop_watchdog, read /tokenize and /metrics) "
           "or generic (standard OpenAI fields only)");

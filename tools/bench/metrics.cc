@@ -103,9 +103,23 @@ CounterValues CounterDelta(const CounterValues& before, const CounterValues& aft
   CounterValues out;
   for (const auto& [k, v] : after) {
     auto it = before.find(k);
-    if (it != before.end()) out[k] = v - it->second;
+    out[k] = it != before.end() ? v - it->second : v;
   }
   return out;
+}
+
+StepStats ComputeStepStats(const CounterValues& delta) {
+  auto ratio = [&delta](const char* num, const char* den) -> std::optional<double> {
+    auto n = delta.find(num);
+    auto d = delta.find(den);
+    if (n == delta.end() || d == delta.end() || !(d->second > 0)) return std::nullopt;
+    return n->second / d->second;
+  };
+  StepStats s;
+  s.tokens_per_step = ratio("generation_tokens", "sampling_rows");
+  s.draft_acceptance = ratio("spec_accepted_tokens", "spec_drafted_tokens");
+  s.accepted_per_verify_row = ratio("spec_accepted_tokens", "spec_verify_rows");
+  return s;
 }
 
 bool CountersWentDown(const CounterValues& before, const CounterValues& after) {

@@ -53,18 +53,42 @@ inline constexpr ServerCounter kRinglaneCounters[] = {
     {"requests_finished", "ringlane_generate_requests_total", "outcome", "finished"},
     {"requests_failed", "ringlane_generate_requests_total", "outcome", "failed"},
     {"requests_cancelled", "ringlane_generate_requests_total", "outcome", "cancelled"},
-    // Speculative decoding does not exist yet; its acceptance reads "n/a"
-    // until the router exports these.
+    // Speculative decoding, summed over drafter and temperature too: tokens
+    // drafted, accepted and rejected by verification, and the rows that
+    // carried drafts to verify. "n/a" in the report while the router does
+    // not export them.
+    {"spec_drafted_tokens", "ringlane_spec_drafted_tokens_total"},
     {"spec_accepted_tokens", "ringlane_spec_accepted_tokens_total"},
-    {"spec_draft_tokens", "ringlane_spec_draft_tokens_total"},
+    {"spec_rejected_tokens", "ringlane_spec_rejected_tokens_total"},
+    {"spec_verify_rows", "ringlane_spec_verify_rows_total"},
+    // Rows that sampled: a prompt's last chunk, a decode row, a verify row.
+    // generation_tokens / sampling_rows is the tokens per step.
+    {"sampling_rows", "ringlane_sampling_rows_total"},
 };
 
 // Counter key -> value for the counters the server exports.
 using CounterValues = std::map<std::string, double>;
 CounterValues ReadRinglaneCounters(const std::vector<MetricSample>& samples);
 
-// after - before for every key present in both.
+// after - before for every key in `after`. A key only in `after` counts
+// from zero: a labelled series appears at its first increment (a drafter's
+// first draft), and a counter starts at zero.
 CounterValues CounterDelta(const CounterValues& before, const CounterValues& after);
+
+// What a counter difference (a level's or a phase's) says about steps and
+// speculative decoding. Each is nullopt when a counter it needs is absent
+// (the server does not export it) or its denominator did not grow.
+struct StepStats {
+  // generation_tokens / sampling_rows: tokens each sampling row yielded;
+  // 1 without speculation, above 1 as drafts are accepted.
+  std::optional<double> tokens_per_step;
+  // spec_accepted_tokens / spec_drafted_tokens, in [0, 1].
+  std::optional<double> draft_acceptance;
+  // spec_accepted_tokens / spec_verify_rows: accepted drafts per row that
+  // carried drafts.
+  std::optional<double> accepted_per_verify_row;
+};
+StepStats ComputeStepStats(const CounterValues& delta);
 
 // Whether some counter went down between two scrapes: the process behind
 // the endpoint restarted (counters start again from zero).

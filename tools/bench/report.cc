@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -68,10 +69,12 @@ struct LevelSums {
   int64_t loops = 0;
 };
 
-LevelSums SumLevel(const RunResult& run, const LevelResult& l) {
+// `phase` (when given) keeps only that phase's samples.
+LevelSums SumLevel(const RunResult& run, const LevelResult& l, const std::string* phase = nullptr) {
   LevelSums s;
   for (const RequestSample& r : run.samples) {
     if (r.stage != l.stage || r.concurrency != l.concurrency) continue;
+    if (phase != nullptr && r.phase != *phase) continue;
     ++s.requests;
     if (!r.ok()) ++s.errors;
     if (r.ok() && r.turn >= 0) ++s.turns;
@@ -93,11 +96,33 @@ std::string Agreement(const CounterValues& delta, const char* key, int64_t clien
   return absl::StrCat("**DIFFERS**: server ", server, ", client ", client);
 }
 
-std::string SpecAcceptance(const CounterValues& delta) {
-  auto a = delta.find("spec_accepted_tokens");
-  auto d = delta.find("spec_draft_tokens");
-  if (a == delta.end() || d == delta.end() || d->second <= 0) return "n/a";
-  return absl::StrFormat("%.1f%%", 100 * a->second / d->second);
+std::string TwoDecimals(const std::optional<double>& v) {
+  return v.has_value() ? absl::StrFormat("%.2f", *v) : "n/a";
+}
+
+std::string Percent(const std::optional<double>& v) {
+  return v.has_value() ? absl::StrFormat("%.1f%%", 100 * *v) : "n/a";
+}
+
+json OptionalJson(const std::optional<double>& v) { return v.has_value() ? json(*v) : json(); }
+
+void AddStepStatsJson(const StepStats& s, json* j) {
+  (*j)["tokens_per_step"] = OptionalJson(s.tokens_per_step);
+  (*j)["draft_acceptance"] = OptionalJson(s.draft_acceptance);
+  (*j)["accepted_per_verify_row"] = OptionalJson(s.accepted_per_verify_row);
+}
+
+// The counters a group's step statistics come from: its level's difference,
+// or its phase's; nullptr when there is none to trust.
+const CounterValues* GroupCounters(const RunResult& run, const GroupStats& g) {
+  for (const LevelResult& l : run.levels) {
+    if (l.stage != g.stage || l.concurrency != g.concurrency) continue;
+    if (!l.has_metrics || l.counter_resets > 0) return nullptr;
+    if (g.phase.empty()) return &l.delta;
+    auto it = l.phase_delta.find(g.phase);
+    return it != l.phase_delta.end() ? &it->second : nullptr;
+  }
+  return nullptr;
 }
 
 json SummaryJson(const Summary& s) {
@@ -188,11 +213,13 @@ std::vector<GroupStats> ComputeGroups(const RunResult& run) {
     g.tpot_ms = Summarize(tpot);
     g.e2e_ms = Summarize(e2e);
     const double span = last_end - first_start;
-    // Phases of one level interleave (cold, warm, cold, ...), so only a
-    // whole level has a throughput.
-    g.aggregate_tps = span > 0 && g.phase.empty() ? g.output_tokens / span : NAN;
+    // Resend's phases interleave (cold, warm, cold, ...), so only its whole
+    // level has a throughput; agentic's run one after the other.
+    const bool own_span = g.phase.empty() || g.mode == StageMode::kAgentic;
+    g.aggregate_tps = span > 0 && own_span ? g.output_tokens / span : NAN;
     g.per_stream_tps = Summarize(per_stream).mean;
     g.prefill_tps = Summarize(prefill).mean;
+    if (const CounterValues* c = GroupCounters(run, g)) g.steps = ComputeStepStats(*c);
     out.push_back(std::move(g));
   }
   return out;
@@ -254,21 +281,35 @@ std::string RenderMarkdown(const RunResult& run, const std::vector<GroupStats>& 
         &md, "\n## Server metrics (difference over each level, from `", sv.metrics_url, "`)\n\n",
         "| stage | conc | rounds | prompt tokens (server = client) | generated tokens (server = "
         "client) | cached tokens (server = client) | loops flagged / stopped | preemptions | "
-        "spec. acceptance |\n",
-        "|---|--:|--:|---|---|---|--:|--:|--:|\n");
-    for (const LevelResult& l : run.levels) {
-      if (!l.has_metrics) continue;
-      const LevelSums s = SumLevel(run, l);
-      // A restarted server counts from zero again and lost what the old
-      // process counted since the last read: its totals cannot be compared.
-      const CounterValues& d = l.counter_resets > 0 ? CounterValues() : l.delta;
-      absl::StrAppend(&md, "| ", l.stage, " | ", l.concurrency, " | ", Counter(d, "rounds"), " | ",
+        "tokens per step | draft acceptance | accepted per verify row |\n",
+        "|---|--:|--:|---|---|---|--:|--:|--:|--:|--:|\n");
+    auto row = [&](const std::string& label, const LevelResult& l, const CounterValues& d,
+                   const LevelSums& s) {
+      const StepStats steps = ComputeStepStats(d);
+      absl::StrAppend(&md, "| ", label, " | ", l.concurrency, " | ", Counter(d, "rounds"), " | ",
                       Agreement(d, "prompt_tokens", s.prompt), " | ",
                       Agreement(d, "generation_tokens", s.completion), " | ",
                       Agreement(d, "cached_prompt_tokens", s.cached), " | ",
                       Counter(d, "loops_detected"), " / ", Counter(d, "loops_stopped"), " | ",
-                      Counter(d, "preemptions"), " | ", SpecAcceptance(d), " |\n");
+                      Counter(d, "preemptions"), " | ", TwoDecimals(steps.tokens_per_step), " | ",
+                      Percent(steps.draft_acceptance), " | ",
+                      TwoDecimals(steps.accepted_per_verify_row), " |\n");
+    };
+    for (const LevelResult& l : run.levels) {
+      if (!l.has_metrics) continue;
+      // A restarted server counts from zero again and lost what the old
+      // process counted since the last read: its totals cannot be compared.
+      row(l.stage, l, l.counter_resets > 0 ? CounterValues() : l.delta, SumLevel(run, l));
+      for (const auto& [phase, d] : l.phase_delta) {
+        row(absl::StrCat(l.stage, " (", phase, ")"), l, d, SumLevel(run, l, &phase));
+      }
     }
+    absl::StrAppend(&md,
+                    "\ntokens per step = generated tokens / rows that sampled (a prompt's last "
+                    "chunk, a decode row, a verify row; 1.00 without speculation); draft "
+                    "acceptance = accepted / drafted tokens; accepted per verify row = accepted "
+                    "tokens / rows that carried drafts. n/a: the server does not export the "
+                    "counters.\n");
   }
 
   bool any_soak = false;
@@ -389,7 +430,21 @@ std::string RenderJson(const RunResult& run, const std::vector<GroupStats>& grou
                       {"warmup_requests", l.warmup_requests},
                       {"warmup_errors", l.warmup_errors},
                       {"warmup_prompt_tokens", l.warmup_prompt_tokens},
-                      {"warmup_completion_tokens", l.warmup_completion_tokens}});
+                      {"warmup_completion_tokens", l.warmup_completion_tokens},
+                      {"document_requests", l.document_requests},
+                      {"document_errors", l.document_errors},
+                      {"document_prompt_tokens", l.document_prompt_tokens},
+                      {"document_completion_tokens", l.document_completion_tokens}});
+    json& lj = levels.back();
+    AddStepStatsJson(
+        l.has_metrics && l.counter_resets == 0 ? ComputeStepStats(l.delta) : StepStats(), &lj);
+    json phases = json::array();
+    for (const auto& [phase, d] : l.phase_delta) {
+      json pj = {{"phase", phase}, {"metrics_delta", d}};
+      AddStepStatsJson(ComputeStepStats(d), &pj);
+      phases.push_back(std::move(pj));
+    }
+    lj["phases"] = std::move(phases);
   }
   j["levels"] = std::move(levels);
   json gs = json::array();
@@ -418,6 +473,7 @@ std::string RenderJson(const RunResult& run, const std::vector<GroupStats>& grou
                   {"aggregate_tokens_per_s", g.aggregate_tps},
                   {"per_stream_tokens_per_s", g.per_stream_tps},
                   {"prefill_tokens_per_s", g.prefill_tps}});
+    AddStepStatsJson(g.steps, &gs.back());
   }
   j["groups"] = std::move(gs);
   json samples = json::array();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tools/bench/metrics.h"
 #include "tools/bench/runner.h"
 #include "tools/bench/stats.h"
 
@@ -51,6 +52,11 @@ struct GroupStats {
   double per_stream_tps = 0;
   // Mean over requests of usage.prompt_tokens / TTFT.
   double prefill_tps = 0;
+  // From the server's counters over the group's level, or over its phase
+  // where the phases run one after another (kAgentic); empty for phases
+  // that interleave (kResend), without metrics, after a restart, and for
+  // counters the server does not export.
+  StepStats steps;
 };
 
 std::vector<GroupStats> ComputeGroups(const RunResult& run);

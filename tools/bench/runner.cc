@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -12,8 +13,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -39,6 +42,13 @@ uint64_t Salt(uint64_t seed, int stage, int level, int64_t index, int part) {
   return Mix64(x ^ static_cast<uint64_t>(part));
 }
 
+// A request's prompt made before its level: the text, or why it could not
+// be made (filed as that request's error).
+struct PreparedPrompt {
+  absl::Status status;
+  Prompt prompt;
+};
+
 // What one level's threads share. Fixed fields are set before the threads
 // start; the rest is guarded by mu or atomic.
 struct LevelState {
@@ -55,12 +65,24 @@ struct LevelState {
   Clock::time_point deadline = Clock::time_point::max();
   std::atomic<int64_t>* next_id = nullptr;
 
+  // kCopy: the prompt of each request (by index); kAgentic: the pool's
+  // prompts (by i % distinct_prompts). Made before the threads start.
+  std::vector<PreparedPrompt> prepared;
+  // kAgentic: requests in the first pass; the repeats wait for all of them.
+  int64_t first_pass = 0;
+
   std::atomic<int64_t> next_index{0};
   services::ProgressBar* progress = nullptr;
 
   absl::Mutex mu;
   std::vector<RequestSample> samples ABSL_GUARDED_BY(mu);
   std::vector<std::string> errors_logged ABSL_GUARDED_BY(mu);
+  // kAgentic: first-pass requests finished; whether the repeats may start;
+  // the counters read in between (has_mid false when unread).
+  int64_t first_pass_done ABSL_GUARDED_BY(mu) = 0;
+  bool repeats_open ABSL_GUARDED_BY(mu) = false;
+  bool has_mid ABSL_GUARDED_BY(mu) = false;
+  CounterValues mid ABSL_GUARDED_BY(mu);
 };
 
 // Outages: runs of requests that could not reach the server, each ended by a
@@ -84,6 +106,26 @@ int CountOutages(const std::vector<RequestSample>& samples) {
     }
   }
   return outages;
+}
+
+absl::StatusOr<CounterValues> Scrape(ApiClient& client) {
+  absl::StatusOr<std::string> text = client.ScrapeMetrics();
+  if (!text.ok()) return text.status();
+  return ReadRinglaneCounters(ParsePrometheusText(*text));
+}
+
+// After a level: the server may count a request a moment after its last
+// byte left, so read until two scrapes agree (at most about a second).
+CounterValues SettledScrape(ApiClient& client) {
+  CounterValues last;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    absl::StatusOr<CounterValues> now = Scrape(client);
+    if (!now.ok()) continue;
+    if (i > 0 && *now == last) return last;
+    last = *std::move(now);
+  }
+  return last;
 }
 
 bool ShouldStop(const LevelState& st) {
@@ -254,6 +296,53 @@ void RunSession(LevelState& st, ApiClient& client, int stream, int64_t index) {
   }
 }
 
+// A request whose prompt was made before the level: kCopy's (by index) or
+// kAgentic's (from the pool, phase "first" or "repeat").
+void RunPrepared(LevelState& st, ApiClient& client, int stream, int64_t index) {
+  const Clock::time_point began = Clock::now();
+  const bool agentic = st.stage->mode == StageMode::kAgentic;
+  const size_t slot =
+      static_cast<size_t>(agentic ? index % static_cast<int64_t>(st.prepared.size()) : index);
+  const PreparedPrompt& p = st.prepared[slot];
+  if (!p.status.ok()) return FileSetupError(st, p.status, began);
+  RequestSpec spec = BaseSpec(st);
+  SetPrompt(&spec, p.prompt.text);
+  RequestSample s;
+  s.stream = stream;
+  if (agentic) s.phase = index < st.first_pass ? "first" : "repeat";
+  const bool completions = st.workload->endpoint == Endpoint::kCompletions;
+  s.prompt_tokens_expected = completions ? p.prompt.tokens : -1;
+  s.prompt_tokens_exact = p.prompt.exact && completions;
+  RunOne(st, client, spec, std::move(s));
+}
+
+// kAgentic: waits until the first pass has ended (false: the level stopped
+// first).
+bool AwaitRepeats(LevelState& st) {
+  absl::MutexLock lock(&st.mu);
+  while (!st.repeats_open) {
+    st.mu.AwaitWithTimeout(absl::Condition(&st.repeats_open), absl::Milliseconds(100));
+    if (!st.repeats_open && ShouldStop(st)) return false;
+  }
+  return true;
+}
+
+// kAgentic: one first-pass request finished; the last one reads the
+// counters that split the phases and lets the repeats start.
+void FirstPassRequestDone(LevelState& st, ApiClient& client) {
+  {
+    absl::MutexLock lock(&st.mu);
+    if (++st.first_pass_done < st.first_pass) return;
+  }
+  CounterValues mid;
+  const bool has_mid = !st.options->server.metrics_url.empty();
+  if (has_mid) mid = SettledScrape(client);
+  absl::MutexLock lock(&st.mu);
+  st.has_mid = has_mid && !mid.empty();
+  st.mid = std::move(mid);
+  st.repeats_open = true;
+}
+
 void StreamLoop(LevelState& st, int stream) {
   absl::StatusOr<std::unique_ptr<ApiClient>> client = ApiClient::Create(st.options->server);
   if (!client.ok()) return;  // Create was checked by RunWorkload with the same options.
@@ -261,33 +350,116 @@ void StreamLoop(LevelState& st, int stream) {
     if (ShouldStop(st)) return;
     const int64_t index = st.next_index.fetch_add(1);
     if (st.planned > 0 && index >= st.planned) return;
-    if (st.stage->mode == StageMode::kConversation) {
-      RunSession(st, **client, stream, index);
-    } else {
-      RunIndependent(st, **client, stream, index);
-      if (st.progress != nullptr) st.progress->Add(1);
+    switch (st.stage->mode) {
+      case StageMode::kConversation:
+        RunSession(st, **client, stream, index);
+        continue;  // sessions count their turns
+      case StageMode::kCopy:
+        RunPrepared(st, **client, stream, index);
+        break;
+      case StageMode::kAgentic:
+        // Every repeat follows the whole first pass, so its output is one
+        // the server has finished producing, and the phases do not overlap.
+        if (index >= st.first_pass && !AwaitRepeats(st)) return;
+        RunPrepared(st, **client, stream, index);
+        if (index < st.first_pass) FirstPassRequestDone(st, **client);
+        break;
+      case StageMode::kIndependent:
+      case StageMode::kResend:
+        RunIndependent(st, **client, stream, index);
+        break;
     }
+    if (st.progress != nullptr) st.progress->Add(1);
   }
 }
 
-absl::StatusOr<CounterValues> Scrape(ApiClient& client) {
-  absl::StatusOr<std::string> text = client.ScrapeMetrics();
-  if (!text.ok()) return text.status();
-  return ReadRinglaneCounters(ParsePrometheusText(*text));
+// kCopy, before the level: each request's document, the server's greedy
+// completion of a fresh seed, made by `concurrency` threads; the prompts
+// land in st.prepared.
+void PrepareCopyPrompts(LevelState& st, LevelResult* r) {
+  const Stage& stage = *st.stage;
+  st.prepared.assign(static_cast<size_t>(st.planned), PreparedPrompt{});
+  std::unique_ptr<services::ProgressBar> bar;
+  if (st.options->progress) {
+    bar = std::make_unique<services::ProgressBar>(
+        absl::StrCat(stage.name, " c=", st.concurrency, " documents"), st.planned,
+        services::ProgressOptions{.unit = services::ProgressUnit::kCount});
+  }
+  std::atomic<int64_t> next{0};
+  absl::Mutex mu;  // guards r's document counts
+  auto work = [&] {
+    absl::StatusOr<std::unique_ptr<ApiClient>> client = ApiClient::Create(st.options->server);
+    if (!client.ok()) return;
+    for (;;) {
+      const int64_t index = next.fetch_add(1);
+      if (index >= st.planned) return;
+      PreparedPrompt& out = st.prepared[static_cast<size_t>(index)];
+      if (st.options->stop_requested && st.options->stop_requested()) {
+        out.status = absl::CancelledError("the run was interrupted before its document");
+        continue;
+      }
+      absl::StatusOr<Prompt> seed = MakePrompt(st, **client, stage.prompt_tokens, index, 0);
+      if (!seed.ok()) {
+        out.status = seed.status();
+        continue;
+      }
+      const uint64_t salt = Salt(st.options->seed, st.stage_index, st.level_index, index, 1);
+      RequestSpec spec = BaseSpec(st);
+      spec.temperature = 0;  // the model's own greedy text
+      spec.max_tokens = stage.document_tokens.Pick(index, UnitFromBits(Mix64(salt ^ 0x5eed)));
+      SetPrompt(&spec, seed->text);
+      RequestSample doc;
+      (*client)->Complete(spec, &doc);
+      {
+        absl::MutexLock lock(&mu);
+        ++r->document_requests;
+        if (!doc.ok()) ++r->document_errors;
+        r->document_prompt_tokens += std::max<int64_t>(0, doc.usage_prompt_tokens);
+        r->document_completion_tokens += std::max<int64_t>(0, doc.usage_completion_tokens);
+      }
+      if (bar != nullptr) bar->Add(1);
+      if (!doc.ok()) {
+        out.status = absl::Status(
+            doc.connection_failed ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
+            absl::StrCat("the document: ", doc.error));
+        continue;
+      }
+      if (absl::StripAsciiWhitespace(doc.text).empty()) {
+        out.status = absl::InternalError("the document came back empty");
+        continue;
+      }
+      out.prompt.text = CopyPromptText(doc.text, stage.copy_prefix_fraction);
+      out.prompt.tokens = -1;  // unknown without the server's tokenizer
+      if (st.prompts->calibrated()) {
+        absl::StatusOr<int64_t> n = (*client)->CountTokens(out.prompt.text);
+        if (n.ok()) {
+          out.prompt.tokens = *n;
+          out.prompt.exact = true;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < st.concurrency; ++i) threads.emplace_back(work);
+  for (std::thread& t : threads) t.join();
+  if (bar != nullptr) bar->Finish();
 }
 
-// After a level: the server may count a request a moment after its last
-// byte left, so read until two scrapes agree (at most about a second).
-CounterValues SettledScrape(ApiClient& client) {
-  CounterValues last;
-  for (int i = 0; i < 10; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    absl::StatusOr<CounterValues> now = Scrape(client);
-    if (!now.ok()) continue;
-    if (i > 0 && *now == last) return last;
-    last = *std::move(now);
+// kAgentic, before the level: the pool's prompts, fresh for each level (so
+// one level's outputs are not another's repeats).
+void PreparePool(LevelState& st, ApiClient& client) {
+  const int64_t pool = st.stage->distinct_prompts;
+  st.first_pass = st.planned > 0 ? std::min(pool, st.planned) : pool;
+  for (int64_t k = 0; k < pool; ++k) {
+    PreparedPrompt p;
+    absl::StatusOr<Prompt> made = MakePrompt(st, client, st.stage->prompt_tokens, k, 0);
+    if (made.ok()) {
+      p.prompt = *std::move(made);
+    } else {
+      p.status = made.status();
+    }
+    st.prepared.push_back(std::move(p));
   }
-  return last;
 }
 
 LevelResult RunLevel(const Workload& workload, int stage_index, int level_index,
@@ -333,6 +505,11 @@ LevelResult RunLevel(const Workload& workload, int stage_index, int level_index,
     r.warmup_prompt_tokens += std::max<int64_t>(0, warm.usage_prompt_tokens);
     r.warmup_completion_tokens += std::max<int64_t>(0, warm.usage_completion_tokens);
   }
+
+  // Prompts made before the first scrape, so that the level's counters
+  // cover only the recorded requests.
+  if (stage.mode == StageMode::kCopy) PrepareCopyPrompts(st, &r);
+  if (stage.mode == StageMode::kAgentic) PreparePool(st, main_client);
 
   if (!options.server.metrics_url.empty()) {
     absl::StatusOr<CounterValues> before = Scrape(main_client);
@@ -404,6 +581,11 @@ LevelResult RunLevel(const Workload& workload, int stage_index, int level_index,
   }
 
   absl::MutexLock lock(&st.mu);
+  if (r.has_metrics && st.has_mid && r.counter_resets == 0 && !CountersWentDown(r.before, st.mid) &&
+      !CountersWentDown(st.mid, r.after)) {
+    r.phase_delta["first"] = CounterDelta(r.before, st.mid);
+    r.phase_delta["repeat"] = CounterDelta(st.mid, r.after);
+  }
   std::sort(st.samples.begin(), st.samples.end(),
             [](const RequestSample& a, const RequestSample& b) { return a.id < b.id; });
   for (RequestSample& s : st.samples) samples->push_back(std::move(s));
@@ -415,6 +597,25 @@ std::string NowRfc3339() {
 }
 
 }  // namespace
+
+std::string CopyPromptText(std::string_view document, double fraction) {
+  const absl::string_view doc =
+      absl::StripAsciiWhitespace(absl::string_view(document.data(), document.size()));
+  // Word ends, in order.
+  std::vector<size_t> ends;
+  for (size_t i = 0; i < doc.size(); ++i) {
+    if (!absl::ascii_isspace(static_cast<unsigned char>(doc[i])) &&
+        (i + 1 == doc.size() || absl::ascii_isspace(static_cast<unsigned char>(doc[i + 1])))) {
+      ends.push_back(i + 1);
+    }
+  }
+  const size_t words = std::min(
+      ends.size(), static_cast<size_t>(std::llround(std::clamp(fraction, 0.0, 1.0) * ends.size())));
+  std::string out(doc);
+  out += '\n';
+  if (words > 0) out.append(doc.data(), ends[words - 1]);
+  return out;
+}
 
 void DetectLoops(const router::LoopWatchdogOptions& options, RequestSample* sample) {
   absl::StatusOr<router::LoopDetector> detector = router::LoopDetector::Create(options);

@@ -1,7 +1,9 @@
 // Runs a workload against a server: for each stage and concurrency level,
 // that many client threads send requests until the level's request count or
 // time bound is reached, while the server's metrics are read before, during
-// (to see restarts) and after. Samples are collected for the report.
+// (to see restarts) and after. Samples are collected for the report. Copy
+// stages write their documents before a level's first read; agentic stages
+// read the metrics again between their first pass and the repeats.
 //
 // RunWorkload is called from one thread (main); it starts and joins its
 // own threads per level: one per stream, each owning an ApiClient, plus a
@@ -11,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +47,12 @@ struct RunOptions {
   std::function<void(std::string_view)> log;
 };
 
+// kCopy's prompt: `document`, a newline, then the document's first
+// `fraction` of its words again (rounded to the nearest word, cut where that
+// word ends, so no token is split). Surrounding whitespace of the document
+// is dropped.
+std::string CopyPromptText(std::string_view document, double fraction);
+
 // One stage run at one concurrency.
 struct LevelResult {
   std::string stage;
@@ -71,6 +80,17 @@ struct LevelResult {
   int warmup_errors = 0;
   int64_t warmup_prompt_tokens = 0;      // from usage
   int64_t warmup_completion_tokens = 0;  // from usage
+  // kCopy: the unrecorded calls that wrote each request's document, made
+  // before the level's first scrape (so the level's counters cover only the
+  // recorded requests).
+  int document_requests = 0;
+  int document_errors = 0;
+  int64_t document_prompt_tokens = 0;      // from usage
+  int64_t document_completion_tokens = 0;  // from usage
+  // kAgentic: the counters' difference over each phase ("first", "repeat"),
+  // split by a read when the first pass ended; empty without metrics, when
+  // that read failed, or when the server restarted.
+  std::map<std::string, CounterValues> phase_delta;
 };
 
 struct RunResult {

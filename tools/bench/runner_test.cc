@@ -39,6 +39,19 @@ TEST(DetectLoopsTest, OrdinaryTextIsLeftAlone) {
   EXPECT_FALSE(s.loop_flagged);
 }
 
+TEST(CopyPromptTextTest, TheDocumentThenItsFirstWordsAgain) {
+  const std::string doc = "  Lily saw a big dog.\nIt ran  away. ";
+  // 8 words; a quarter is 2, cut where the second ends.
+  EXPECT_EQ(CopyPromptText(doc, 0.25), "Lily saw a big dog.\nIt ran  away.\nLily saw");
+  EXPECT_EQ(CopyPromptText(doc, 0.5), "Lily saw a big dog.\nIt ran  away.\nLily saw a big");
+  // Rounded to the nearest word: 0.3 * 8 = 2.4 words.
+  EXPECT_EQ(CopyPromptText(doc, 0.3), CopyPromptText(doc, 0.25));
+  EXPECT_EQ(CopyPromptText(doc, 0), "Lily saw a big dog.\nIt ran  away.\n");
+  EXPECT_EQ(CopyPromptText(doc, 1),
+            "Lily saw a big dog.\nIt ran  away.\nLily saw a big dog.\nIt ran  away.");
+  EXPECT_EQ(CopyPromptText("", 0.5), "\n");
+}
+
 TEST(RunWorkloadTest, BadLoopOptionsFailUpFront) {
   Workload w;
   w.name = "x";

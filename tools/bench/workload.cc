@@ -127,7 +127,8 @@ absl::StatusOr<Stage> ParseStage(const json& s, const std::string& where) {
   if (absl::Status st =
           CheckFields(s,
                       {"name", "mode", "concurrency", "prompt_tokens", "turn_tokens", "turns",
-                       "output_tokens", "requests", "requests_per_stream", "duration_s", "warmup"},
+                       "output_tokens", "requests", "requests_per_stream", "duration_s", "warmup",
+                       "document_tokens", "copy_prefix_fraction", "distinct_prompts"},
                       where);
       !st.ok()) {
     return st;
@@ -147,9 +148,13 @@ absl::StatusOr<Stage> ParseStage(const json& s, const std::string& where) {
     stage.mode = StageMode::kResend;
   } else if (*mode == "conversation") {
     stage.mode = StageMode::kConversation;
+  } else if (*mode == "copy") {
+    stage.mode = StageMode::kCopy;
+  } else if (*mode == "agentic") {
+    stage.mode = StageMode::kAgentic;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(w, ".mode: \"", *mode, "\" is not independent, resend or conversation"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        w, ".mode: \"", *mode, "\" is not independent, resend, conversation, copy or agentic"));
   }
 
   if (s.contains("concurrency")) {
@@ -209,6 +214,55 @@ absl::StatusOr<Stage> ParseStage(const json& s, const std::string& where) {
   }
   if (stage.mode != StageMode::kConversation && s.contains("turns")) {
     return absl::InvalidArgumentError(w + ".turns: only for mode \"conversation\"");
+  }
+
+  // Fields of one mode are errors in another: they would be ignored.
+  if (stage.mode == StageMode::kCopy) {
+    if (!s.contains("document_tokens")) {
+      return absl::InvalidArgumentError(w + ".document_tokens: required for mode \"copy\"");
+    }
+    absl::StatusOr<LengthDist> doc = ParseLength(s.at("document_tokens"), w + ".document_tokens");
+    if (!doc.ok()) return doc.status();
+    stage.document_tokens = *doc;
+    absl::StatusOr<double> fraction =
+        GetDouble(s, "copy_prefix_fraction", stage.copy_prefix_fraction, 0, w);
+    if (!fraction.ok()) return fraction.status();
+    if (*fraction > 1) {
+      return absl::InvalidArgumentError(w + ".copy_prefix_fraction: a fraction in [0, 1]");
+    }
+    stage.copy_prefix_fraction = *fraction;
+    // The documents are made before the level, so their number must be known.
+    if (stage.requests == 0 && stage.requests_per_stream == 0) {
+      return absl::InvalidArgumentError(w +
+                                        ": mode \"copy\" needs requests or requests_per_stream");
+    }
+  } else {
+    for (const char* key : {"document_tokens", "copy_prefix_fraction"}) {
+      if (s.contains(key)) {
+        return absl::InvalidArgumentError(absl::StrCat(w, ".", key, ": only for mode \"copy\""));
+      }
+    }
+  }
+  if (stage.mode == StageMode::kAgentic) {
+    absl::StatusOr<int> pool = GetInt(s, "distinct_prompts", stage.distinct_prompts, 1, w);
+    if (!pool.ok()) return pool.status();
+    stage.distinct_prompts = *pool;
+    // A fixed count no larger than the pool has no repeat phase at all.
+    if (stage.requests > 0 && stage.requests <= stage.distinct_prompts) {
+      return absl::InvalidArgumentError(absl::StrCat(w, ".requests: ", stage.requests,
+                                                     " requests over ", stage.distinct_prompts,
+                                                     " distinct_prompts leave no repeats"));
+    }
+    for (int level : stage.concurrency) {
+      if (stage.requests == 0 && stage.requests_per_stream > 0 &&
+          stage.RequestsAt(level) <= stage.distinct_prompts) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            w, ".requests_per_stream: at concurrency ", level, ", ", stage.RequestsAt(level),
+            " requests over ", stage.distinct_prompts, " distinct_prompts leave no repeats"));
+      }
+    }
+  } else if (s.contains("distinct_prompts")) {
+    return absl::InvalidArgumentError(w + ".distinct_prompts: only for mode \"agentic\"");
   }
   return stage;
 }
@@ -329,6 +383,7 @@ Workload ScaleLengths(const Workload& workload, double factor) {
   for (Stage& s : w.stages) {
     s.prompt_tokens = s.prompt_tokens.Scaled(factor);
     s.turn_tokens = s.turn_tokens.Scaled(factor);
+    if (s.mode == StageMode::kCopy) s.document_tokens = s.document_tokens.Scaled(factor);
     s.output_tokens = std::max(1, static_cast<int>(std::lround(s.output_tokens * factor)));
   }
   return w;
@@ -342,6 +397,10 @@ const char* StageModeName(StageMode mode) {
       return "resend";
     case StageMode::kConversation:
       return "conversation";
+    case StageMode::kCopy:
+      return "copy";
+    case StageMode::kAgentic:
+      return "agentic";
   }
   return "?";
 }

@@ -1,6 +1,6 @@
 // Workloads of ringlane-bench: what to send, how many at once, and for how
 // long. A workload is a JSON file (format in tools/bench/README.md); the
-// shipped ones (decode, prefill, sweep, resend, soak) live in
+// shipped ones (decode, prefill, sweep, resend, soak, copy, agentic) live in
 // tools/bench/workloads/ and are compiled into the binary, so
 // `--workload=decode` works from any directory.
 //
@@ -48,6 +48,19 @@ enum class StageMode {
   // Each stream runs sessions: a document, then `turns` questions, each turn
   // resending the whole conversation so far (document-processing soak).
   kConversation,
+  // Copy/rewrite: before the level, each request's document D is made as
+  // the server's own greedy completion (document_tokens long) of a fresh
+  // seed prompt (prompt_tokens long); those calls are not recorded. The
+  // recorded request's prompt is D, a newline, and the first
+  // copy_prefix_fraction of D's words, so an output that goes on copying D
+  // repeats the prompt (what n-gram drafting exploits).
+  kCopy,
+  // Agentic repeat: a pool of distinct_prompts fresh prompts; request i
+  // sends prompt i % distinct_prompts. The first pass (phase "first") ends
+  // before any repeat starts (phase "repeat"), so at temperature 0 every
+  // repeat's output equals an output the server has already produced, as
+  // agent loops resend the same step across turns.
+  kAgentic,
 };
 
 struct Stage {
@@ -55,9 +68,15 @@ struct Stage {
   StageMode mode = StageMode::kIndependent;
   // One run of the stage per level, in order; a sweep lists several.
   std::vector<int> concurrency = {1};
-  // Prompt length (kIndependent, kResend) or document length
-  // (kConversation), in tokens.
+  // Prompt length (kIndependent, kResend, kAgentic), document length
+  // (kConversation) or the seed's length (kCopy), in tokens.
   LengthDist prompt_tokens;
+  // kCopy: the document's length (max_tokens of its call), and the share of
+  // its words repeated after it in the prompt, in [0, 1].
+  LengthDist document_tokens;
+  double copy_prefix_fraction = 0.25;
+  // kAgentic: the pool of prompts the requests cycle through.
+  int distinct_prompts = 4;
   // kConversation: words of each turn's question.
   LengthDist turn_tokens;
   int turns = 1;

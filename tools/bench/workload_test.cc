@@ -15,7 +15,8 @@ using ::testing::HasSubstr;
 constexpr int kContext = 512;
 
 TEST(ShippedWorkloadsTest, AllParseAndFitTheBundledModel) {
-  EXPECT_THAT(ShippedWorkloadNames(), ElementsAre("decode", "prefill", "sweep", "resend", "soak"));
+  EXPECT_THAT(ShippedWorkloadNames(),
+              ElementsAre("decode", "prefill", "sweep", "resend", "soak", "copy", "agentic"));
   for (const std::string& name : ShippedWorkloadNames()) {
     absl::StatusOr<Workload> w = LoadWorkload(name);
     ASSERT_TRUE(w.ok()) << name << ": " << w.status();
@@ -28,6 +29,15 @@ TEST(ShippedWorkloadsTest, AllParseAndFitTheBundledModel) {
         // with its "Question k: ...?\nAnswer:" frame (about 8 tokens),
         // every earlier answer.
         tokens += s.turns * (s.turn_tokens.Largest() + 8) + (s.turns - 1) * s.output_tokens;
+      }
+      if (s.mode == StageMode::kCopy) {
+        // The document's call: the seed, then the document.
+        EXPECT_LT(s.prompt_tokens.Largest() + s.document_tokens.Largest() + 1, kContext);
+        // The recorded prompt: the document, a newline, its first part again
+        // (re-tokenizing the document's text gives no more tokens than it
+        // had, give or take one at the joint).
+        const int doc = s.document_tokens.Largest();
+        tokens = doc + 1 + static_cast<int>(doc * s.copy_prefix_fraction) + 2 + s.output_tokens;
       }
       EXPECT_LT(tokens + 1, kContext) << name << "/" << s.name;  // + BOS
     }
@@ -47,6 +57,45 @@ TEST(ShippedWorkloadsTest, Shapes) {
   EXPECT_EQ(soak->stages[0].mode, StageMode::kConversation);
   EXPECT_GT(soak->stages[0].duration_s, 0);
   EXPECT_TRUE(soak->loop_watchdog);
+  // The speculative-decoding workloads: greedy, exact lengths, one stream
+  // and five.
+  for (const char* name : {"copy", "agentic"}) {
+    absl::StatusOr<Workload> w = LoadWorkload(name);
+    ASSERT_TRUE(w.ok()) << name;
+    EXPECT_EQ(w->temperature, 0);
+    EXPECT_TRUE(w->ignore_eos);
+    EXPECT_FALSE(w->loop_watchdog);
+    ASSERT_EQ(w->stages.size(), 1u);
+    EXPECT_THAT(w->stages[0].concurrency, ElementsAre(1, 5));
+  }
+  absl::StatusOr<Workload> copy = LoadWorkload("copy");
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(copy->stages[0].mode, StageMode::kCopy);
+  EXPECT_EQ(copy->stages[0].document_tokens.Largest(), 160);
+  EXPECT_EQ(copy->stages[0].copy_prefix_fraction, 0.25);
+  absl::StatusOr<Workload> agentic = LoadWorkload("agentic");
+  ASSERT_TRUE(agentic.ok());
+  EXPECT_EQ(agentic->stages[0].mode, StageMode::kAgentic);
+  EXPECT_EQ(agentic->stages[0].distinct_prompts, 5);
+  // Both levels have a first pass and two repeat passes.
+  EXPECT_EQ(agentic->stages[0].RequestsAt(1), 15);
+  EXPECT_EQ(agentic->stages[0].RequestsAt(5), 15);
+}
+
+TEST(ParseWorkloadTest, CopyAndAgenticFields) {
+  absl::StatusOr<Workload> w = ParseWorkload(R"({"name": "x", "stages": [
+    {"name": "c", "mode": "copy", "prompt_tokens": 4, "document_tokens": [20, 40],
+     "output_tokens": 8, "requests": 2},
+    {"name": "a", "mode": "agentic", "prompt_tokens": 8, "distinct_prompts": 3,
+     "concurrency": [1, 2], "requests_per_stream": 4}]})");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_THAT(w->stages[0].document_tokens.values, ElementsAre(20, 40));
+  EXPECT_EQ(w->stages[0].copy_prefix_fraction, 0.25);  // the default
+  EXPECT_EQ(w->stages[1].distinct_prompts, 3);
+  EXPECT_STREQ(StageModeName(w->stages[0].mode), "copy");
+  EXPECT_STREQ(StageModeName(w->stages[1].mode), "agentic");
+  // Scaling reaches the documents too.
+  EXPECT_THAT(ScaleLengths(*w, 2).stages[0].document_tokens.values, ElementsAre(40, 80));
 }
 
 TEST(ParseWorkloadTest, FullForm) {
@@ -103,6 +152,27 @@ TEST(ParseWorkloadTest, RejectsMistakesByName) {
       {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
           "turns": 3}]})",
        "only for mode \"conversation\""},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "mode": "copy"}]})",
+       "document_tokens: required"},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "duration_s": 5,
+          "mode": "copy", "document_tokens": 32}]})",
+       "needs requests or requests_per_stream"},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "mode": "copy", "document_tokens": 32, "copy_prefix_fraction": 1.5}]})",
+       "copy_prefix_fraction: a fraction"},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "document_tokens": 32}]})",
+       "document_tokens: only for mode \"copy\""},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "distinct_prompts": 2}]})",
+       "distinct_prompts: only for mode \"agentic\""},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 4,
+          "mode": "agentic", "distinct_prompts": 4}]})",
+       "leave no repeats"},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "mode": "agentic",
+          "concurrency": [1, 4], "requests_per_stream": 2, "distinct_prompts": 4}]})",
+       "at concurrency 1, 2 requests"},
       {R"({"name": "x", "endpoint": "embeddings", "stages": [{"name": "a",
           "prompt_tokens": 8, "requests": 1}]})",
        "endpoint"},
