@@ -164,6 +164,12 @@ run_side() {  # side (off|on), run directory
     >"$dir/router.out" 2>"$dir/router.log" &
   pids+=($!)
   http=$(wait_listening "${pids[-1]}" "$dir/router.out" http router)
+  # The router listens before its group is ready (a large model loads for a
+  # while): the bench needs the model listed.
+  for _ in $(seq 1 1200); do
+    curl -sf "http://$http/ready" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
   for wl in $WORKLOADS; do
     if ! "$BENCH" --base_url="http://$http/v1" --server=ringlane --workload="$wl" \
       --seed="$SEED" --length_scale="$LENGTH_SCALE" --progress=false \

@@ -64,19 +64,30 @@ absl::StatusOr<std::unique_ptr<Speculator>> Speculator::Create(SpeculatorOptions
 }
 
 Speculator::Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources)
-    : o_(std::move(options)), sources_(std::move(sources)), global_(sources_.size()) {
+    : o_(std::move(options)),
+      sources_(std::move(sources)),
+      global_(sources_.size() * kMatchClasses) {
   for (const auto& s : sources_) names_.push_back(s->name());
 }
 
-double Speculator::SourceAcceptance(int source) const {
-  const Rate& g = global_[source];
+double Speculator::GlobalAcceptance(int rate) const {
+  const Rate& g = global_[rate];
   // Half until the source has been seen: drafting starts, then learns.
   return (g.accepted + 1) / (g.accepted + g.rejections + 2);
 }
 
-double Speculator::Acceptance(const LaneSpec& lane, int source) const {
-  const Rate& r = lane.rates[source];
-  return (r.accepted + kPriorRows * SourceAcceptance(source)) /
+double Speculator::SourceAcceptance(int source) const {
+  Rate sum;
+  for (int c = 0; c < kMatchClasses; ++c) {
+    sum.accepted += global_[source * kMatchClasses + c].accepted;
+    sum.rejections += global_[source * kMatchClasses + c].rejections;
+  }
+  return (sum.accepted + 1) / (sum.accepted + sum.rejections + 2);
+}
+
+double Speculator::Acceptance(const LaneSpec& lane, int rate) const {
+  const Rate& r = lane.rates[rate];
+  return (r.accepted + kPriorRows * GlobalAcceptance(rate)) /
          (r.accepted + r.rejections + kPriorRows);
 }
 
@@ -92,7 +103,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
   if (cap <= 0) return d;
   LaneSpec& ls = lanes_[lane.id];
-  if (ls.rates.empty()) ls.rates.resize(sources_.size());
+  if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
 
   // A draft position pays while its expected tokens beat its share of the
   // round's cost (see the header).
@@ -104,13 +115,14 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   const double n = static_cast<double>(std::max<int64_t>(1, ctx.decoding_lanes));
   const double threshold = ratio * n / (1 + ratio * n);
 
-  int best = -1, best_k = 0;
+  int best = -1, best_k = 0, best_class = 0;
   double best_value = -1;
   std::vector<int32_t> best_tokens;
   for (size_t s = 0; s < sources_.size(); ++s) {
     Proposal prop = sources_[s]->Propose(lane.id, lane.seq, cap);
     if (prop.tokens.empty()) continue;
-    const double a = Acceptance(ls, static_cast<int>(s));
+    const int cls = MatchClass(prop.match_length);
+    const double a = Acceptance(ls, static_cast<int>(s) * kMatchClasses + cls);
     int k = 0;
     double value = 0, term = 1;
     const int len = static_cast<int>(prop.tokens.size());
@@ -123,6 +135,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     if (value > best_value) {
       best = static_cast<int>(s);
       best_k = k;
+      best_class = cls;
       best_value = value;
       best_tokens = std::move(prop.tokens);
     }
@@ -146,6 +159,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   }
   ls.rows_since_draft = 0;
   ls.probing = probe;
+  ls.drafted_class = best_class;
   best_tokens.resize(best_k);
   d.tokens = std::move(best_tokens);
   d.source = best;
@@ -155,13 +169,14 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
 void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) {
   if (source < 0 || source >= static_cast<int>(sources_.size()) || drafted <= 0) return;
   const double rejected = accepted < drafted ? 1 : 0;
-  Rate& g = global_[source];
+  auto it = lanes_.find(lane);
+  const int cls = it == lanes_.end() ? 0 : it->second.drafted_class;
+  Rate& g = global_[source * kMatchClasses + cls];
   g.accepted = g.accepted * kGlobalDecay + accepted;
   g.rejections = g.rejections * kGlobalDecay + rejected;
-  auto it = lanes_.find(lane);
   if (it == lanes_.end()) return;
   LaneSpec& ls = it->second;
-  Rate& r = ls.rates[source];
+  Rate& r = ls.rates[source * kMatchClasses + cls];
   r.accepted = r.accepted * kLaneDecay + accepted;
   r.rejections = r.rejections * kLaneDecay + rejected;
   if (ls.probing) {

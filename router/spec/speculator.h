@@ -79,14 +79,23 @@ class Speculator final : public Drafter {
     double accepted = 0;
     double rejections = 0;
   };
+  // Acceptance is kept per source and per match-length class: a 12-token
+  // match in the outputs cache (a resend) is right far more often than a
+  // 2-token one, and a lane must not inherit the short matches' rate.
+  static constexpr int kMatchClasses = 3;
+  static int MatchClass(int match_length) {
+    return match_length >= 8 ? 2 : match_length >= 4 ? 1 : 0;
+  }
   struct LaneSpec {
-    std::vector<Rate> rates;  // per source
+    std::vector<Rate> rates;  // per source and match class
     int rows_since_draft = 0;
+    int drafted_class = 0;  // of the row in flight
     int probe_interval = 8;
     bool probing = false;
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
-  double Acceptance(const LaneSpec& lane, int source) const;
+  double Acceptance(const LaneSpec& lane, int rate) const;
+  double GlobalAcceptance(int rate) const;
 
   const SpeculatorOptions o_;
   std::vector<std::unique_ptr<DraftSource>> sources_;
