@@ -33,13 +33,13 @@ const ALERTS = {
     healthy: 'empty' },
   RinglaneSpecAcceptanceCollapsed: {
     probe: 'sum by (model, drafter, temperature) (rate(ringlane_spec_drafted_tokens_total[10m]))',
-    healthy: 'empty',
-    pending: 'speculative decoding (issue 15) does not export ringlane_spec_* yet' },
+    healthy: 'empty' },
   RinglaneHttpErrors: {
     probe: 'sum by (endpoint) (rate(ringlane_http_requests_total[5m]))', healthy: 'empty' },
 };
 // Series the rules and the dashboard name before any daemon exports them.
-const PENDING_SERIES = ['ringlane_spec_drafted_tokens_total', 'ringlane_spec_accepted_tokens_total'];
+// None since the router exports ringlane_spec_* (issue 15; make serve drafts).
+const PENDING_SERIES = [];
 // Series Prometheus makes itself, not any /metrics.
 const PROMETHEUS_SERIES = ['up'];
 
