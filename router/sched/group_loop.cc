@@ -272,7 +272,9 @@ void GroupLoop::Loop() {
     InFlight round = std::move(in_flight_.front());
     in_flight_.pop_front();
     const double busy_us = RoundBusyUs(Us(round.sent), Us(previous_done), Us(done));
-    if (hooks_.drafter != nullptr && !round.after_idle) {
+    // Rounds that fed nothing (release rows only) cost the workers nothing:
+    // their period over worker time says nothing of a round's.
+    if (hooks_.drafter != nullptr && !round.after_idle && !round.round.rows.empty()) {
       hooks_.drafter->ObserveRound(
           round.pipelined, Us(done) - Us(previous_done),
           static_cast<double>(r->compute_time_us() + r->collective_time_us()));

@@ -144,8 +144,12 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     ++ls.rows_since_draft;
     return d;
   }
+  // Waiting for the row in flight while other lanes keep the pipeline
+  // going gives this lane a row every other round.
+  double rho = LatencyRatio();
+  if (ctx.row_in_flight && ctx.decoding_lanes > 1) rho = std::max(rho, 2.0);
   bool probe = false;
-  if (o_.adaptive && (best_k == 0 || 1 + best_value <= LatencyRatio())) {
+  if (o_.adaptive && (best_k == 0 || 1 + best_value <= rho)) {
     if (ls.rows_since_draft < ls.probe_interval) {
       ++ls.rows_since_draft;
       return d;

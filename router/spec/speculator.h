@@ -22,8 +22,10 @@
 // must wait for the verify result. Plain decode pipelined yields one token
 // per pipelined round period; drafting yields 1 + sum p^j per unpipelined
 // period. Both periods are measured (result-to-result time over the
-// workers' own time, for rounds sent with and without one in flight), and a
-// lane drafts only when 1 + sum p^j beats their ratio. A lane that stopped
+// workers' own time, for rounds sent with and without one in flight, rounds
+// that fed nothing left out), and a lane drafts only when 1 + sum p^j beats
+// their ratio; at least 2 for a lane that would wait while other lanes
+// decode, since the pipeline they keep gives it a row every other round. A lane that stopped
 // drafting probes with two drafts after probe_interval decode rows, the
 // interval doubling (to 1024) while probes fail, so a source that becomes
 // right again is noticed and one that never is costs almost nothing.
