@@ -104,6 +104,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   if (cap <= 0) return d;
   LaneSpec& ls = lanes_[lane.id];
   if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
+  if (ls.probe_interval == 0) ls.probe_interval = probe_start_;
 
   // A draft position pays while its expected tokens beat its share of the
   // round's cost (see the header).
@@ -185,6 +186,7 @@ void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) 
   r.rejections = r.rejections * kLaneDecay + rejected;
   if (ls.probing) {
     ls.probe_interval = accepted > 0 ? kProbeMin : std::min(2 * ls.probe_interval, kProbeMax);
+    probe_start_ = accepted > 0 ? kProbeMin : std::min(2 * probe_start_, kProbeMax);
     ls.probing = false;
   }
 }

@@ -25,10 +25,11 @@
 // workers' own time, for rounds sent with and without one in flight, rounds
 // that fed nothing left out), and a lane drafts only when 1 + sum p^j beats
 // their ratio; at least 2 for a lane that would wait while other lanes
-// decode, since the pipeline they keep gives it a row every other round. A lane that stopped
-// drafting probes with two drafts after probe_interval decode rows, the
-// interval doubling (to 1024) while probes fail, so a source that becomes
-// right again is noticed and one that never is costs almost nothing.
+// decode, since the pipeline they keep gives it a row every other round. A
+// lane that stopped drafting probes with two drafts after probe_interval
+// decode rows, the interval doubling (to 1024) while probes fail, and a new
+// lane starting from where the group's probes left it, so a source that
+// becomes right again is noticed and one that never is costs almost nothing.
 //
 // Not thread-safe: the group's thread only.
 #ifndef RINGLANE_ROUTER_SPEC_SPECULATOR_H_
@@ -91,8 +92,8 @@ class Speculator final : public Drafter {
   struct LaneSpec {
     std::vector<Rate> rates;  // per source and match class
     int rows_since_draft = 0;
-    int drafted_class = 0;  // of the row in flight
-    int probe_interval = 8;
+    int drafted_class = 0;   // of the row in flight
+    int probe_interval = 0;  // 0 until the lane's first decision
     bool probing = false;
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
@@ -105,6 +106,10 @@ class Speculator final : public Drafter {
   std::vector<Rate> global_;
   absl::flat_hash_map<LaneId, LaneSpec> lanes_;
   // Decayed means of result-to-result period over worker time.
+  // Where a new lane's probe interval starts: doubled by every failed probe
+  // of the group, back to the minimum on a successful one, so a source that
+  // is wrong for every lane is not re-probed by each new request.
+  int probe_start_ = 8;
   double unpipelined_ratio_ = 1.5;
   double pipelined_ratio_ = 1.0;
 };
