@@ -300,7 +300,7 @@ void GroupLoop::Loop() {
 
 void GroupLoop::RecordPlan(const PlannedRound& round) {
   prefilled_tokens_ += round.prefilled_tokens;
-  if (metrics_.spec_depth != nullptr && hooks_.drafter != nullptr) {
+  if (metrics_.spec_depth != nullptr) {  // set only for groups that draft
     for (const PlannedRow& row : round.rows) {
       if (row.decode) metrics_.spec_depth->Observe(static_cast<double>(row.drafts));
     }

@@ -4,10 +4,13 @@
 #include <cmath>
 #include <utility>
 
+#include "xxhash.h"
+
 namespace ringlane::router {
 
 namespace {
 
+// The random source's draws.
 uint64_t Mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   h ^= h >> 33;
@@ -16,10 +19,9 @@ uint64_t Mix(uint64_t h, uint64_t v) {
   return h;
 }
 
+// Of an n-gram's tokens (a match is then checked token by token).
 uint64_t HashOf(absl::Span<const int32_t> tokens) {
-  uint64_t h = tokens.size();
-  for (int32_t t : tokens) h = Mix(h, static_cast<uint32_t>(t));
-  return h;
+  return XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t));
 }
 
 // Drafts per matched token, never fewer than one for a match.
