@@ -69,7 +69,6 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
     const int64_t n = RowTokens(row);
     applied.tokens += n;
     applied.attended += AttendedPairs(row.start_position(), n);
-    applied.drafts += RowDrafts(row);
   }
   // Verify rows: how many drafts each lane kept.
   std::vector<int64_t> accepted(round.rows.size(), 0);
@@ -80,7 +79,6 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
       if (o.lane_id() == row.lane)
         accepted[i] = std::min<int64_t>(o.accepted_draft_count(), row.drafts);
     }
-    applied.accepted += accepted[i];
   }
   applied.sampling_rows = result.outputs_size();
   // Roll back and commit before the tokens can finish and release a lane, so

@@ -39,10 +39,8 @@ struct AppliedRound {
   // model's inputs).
   int64_t tokens = 0;
   double attended = 0;
-  // Drafts the round carried and those the workers accepted.
-  int64_t drafts = 0;
-  int64_t accepted = 0;
-  // Per row of the planned round (PlannedRound::rows): drafts accepted.
+  // Per row of the planned round (PlannedRound::rows): drafts accepted
+  // (PlannedRow::drafts says how many it carried).
   std::vector<int64_t> accepted_by_row;
   // Rows that sampled (a prompt's last chunk, decode and verify rows).
   int64_t sampling_rows = 0;
