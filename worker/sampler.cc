@@ -116,6 +116,18 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
         absl::StrFormat("frequency_penalty must be in [-%g, %g], got %g", kMaxAbsPenalty,
                         kMaxAbsPenalty, params.frequency_penalty));
   }
+  for (size_t i = 0; i < params.logit_bias.size(); ++i) {
+    const auto& [token, bias] = params.logit_bias[i];
+    if (!(bias >= -kMaxAbsLogitBias && bias <= kMaxAbsLogitBias)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("logit_bias for token %d must be in [-%g, %g], got %g", token,
+                          kMaxAbsLogitBias, kMaxAbsLogitBias, bias));
+    }
+    if (token < 0 || (i > 0 && token <= params.logit_bias[i - 1].first)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("logit_bias tokens must be non-negative and increasing, got %d", token));
+    }
+  }
   if (params.top_logprobs < -1 || params.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrFormat("top_logprobs must be in [0, %d] (or -1 for none), got %d", kMaxTopLogprobs,
@@ -132,7 +144,8 @@ Sampler::Sampler(const SamplingParams& params, uint32_t choice_index,
 
 void Sampler::Observe(int32_t token) { ++counts_[token]; }
 
-std::vector<float> Sampler::PenalizedLogits(absl::Span<const float> logits) const {
+std::vector<float> Sampler::PenalizedLogits(absl::Span<const float> logits,
+                                            const uint8_t* allowed) const {
   std::vector<float> out(logits.begin(), logits.end());
   const int64_t vocab = static_cast<int64_t>(out.size());
   if (params_.presence_penalty != 0 || params_.frequency_penalty != 0) {
@@ -142,9 +155,20 @@ std::vector<float> Sampler::PenalizedLogits(absl::Span<const float> logits) cons
                     params_.frequency_penalty * static_cast<float>(count);
     }
   }
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (token < vocab) out[token] += bias;
+  }
+  const auto is_allowed = [allowed](size_t i) {
+    return allowed == nullptr || ((allowed[i >> 3] >> (i & 7)) & 1) != 0;
+  };
   // NaN would break the total orders below and poison the softmax sums.
   float max_logit = kNegInf;
-  for (float& x : out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    float& x = out[i];
+    if (!is_allowed(i)) {
+      x = kNegInf;
+      continue;
+    }
     if (std::isnan(x)) {
       x = kNegInf;
     } else if (x == std::numeric_limits<float>::infinity()) {
@@ -152,8 +176,11 @@ std::vector<float> Sampler::PenalizedLogits(absl::Span<const float> logits) cons
     }
     max_logit = std::max(max_logit, x);
   }
-  // Everything masked: max-subtraction would give NaN; call it uniform instead.
-  if (max_logit == kNegInf) std::fill(out.begin(), out.end(), 0.0f);
+  // Everything masked: max-subtraction would give NaN; call the allowed
+  // tokens equally likely instead.
+  if (max_logit == kNegInf) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = is_allowed(i) ? 0.0f : kNegInf;
+  }
   return out;
 }
 
@@ -222,10 +249,11 @@ int32_t Sampler::SampleWithTemperature(const std::vector<float>& penalized,
   return sorted.TokenAt(kept - 1);
 }
 
-SampleResult Sampler::Sample(absl::Span<const float> logits, int64_t position) const {
+SampleResult Sampler::Sample(absl::Span<const float> logits, int64_t position,
+                             const uint8_t* allowed) const {
   SampleResult result{-1, kNegInf, {}};
   if (logits.empty()) return result;
-  const std::vector<float> penalized = PenalizedLogits(logits);
+  const std::vector<float> penalized = PenalizedLogits(logits, allowed);
 
   if (params_.temperature > 0 && std::isfinite(params_.temperature)) {
     result.token = SampleWithTemperature(penalized, position);
@@ -270,7 +298,11 @@ SampleResult Sampler::Sample(absl::Span<const float> logits, int64_t position) c
                       return a < b;
                     });
   result.top.reserve(num_top);
-  for (size_t j = 0; j < num_top; ++j) result.top.push_back({ids[j], logprobs[ids[j]]});
+  for (size_t j = 0; j < num_top; ++j) {
+    // A masked token has no probability to report.
+    if (allowed != nullptr && logprobs[ids[j]] == kNegInf) break;
+    result.top.push_back({ids[j], logprobs[ids[j]]});
+  }
   return result;
 }
 

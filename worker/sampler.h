@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,7 +35,13 @@ struct SamplingParams {
   // -1: no logprobs; 0: the chosen token's logprob only; n: plus the n most
   // likely tokens as alternatives.
   int top_logprobs = -1;
+  // OpenAI logit_bias: (token, bias) sorted by token, each token once; added
+  // to the penalized logit. Tokens outside the vocabulary are ignored.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// Largest |logit_bias| value (OpenAI's range).
+inline constexpr float kMaxAbsLogitBias = 100;
 
 // Largest top_logprobs a request may ask for (OpenAI's limit).
 inline constexpr int kMaxTopLogprobs = 20;
@@ -44,8 +51,9 @@ inline constexpr float kMaxAbsPenalty = 2;
 
 // OK, or InvalidArgument naming the first bad field: temperature must be finite
 // and >= 0, top_p in (0, 1], min_p in [0, 1], both penalties in
-// [-kMaxAbsPenalty, kMaxAbsPenalty], top_logprobs in [-1, kMaxTopLogprobs].
-// top_k takes any value.
+// [-kMaxAbsPenalty, kMaxAbsPenalty], top_logprobs in [-1, kMaxTopLogprobs],
+// logit_bias values finite and within kMaxAbsLogitBias with tokens strictly
+// increasing. top_k takes any value.
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 struct TokenLogprob {
@@ -101,14 +109,24 @@ class Sampler {
   // Non-finite logits: NaN counts as -inf, +inf as the largest float; if no
   // logit is above -inf, every token is equally likely. `logits` must be
   // non-empty; an empty span yields token -1.
-  SampleResult Sample(absl::Span<const float> logits, int64_t position) const;
+  //
+  // `allowed` (grammar-constrained decoding), when not null, is a bitmask of
+  // ceil(logits.size() / 8) bytes, bit t (LSB first) set when token t may be
+  // drawn: the others get logit -inf after penalties and logit_bias, so
+  // every rule above (and the logprobs) applies to the constrained
+  // distribution; alternatives of logprob -inf are left out of `top`. If no
+  // allowed token's logit is above -inf, the allowed tokens are equally
+  // likely. The caller guarantees at least one bit is set.
+  SampleResult Sample(absl::Span<const float> logits, int64_t position,
+                      const uint8_t* allowed = nullptr) const;
 
   const SamplingParams& params() const { return params_; }
   uint32_t choice_index() const { return choice_index_; }
 
  private:
-  // Copies `logits`, applies the penalties and the non-finite rules above.
-  std::vector<float> PenalizedLogits(absl::Span<const float> logits) const;
+  // Copies `logits`, applies the penalties, logit_bias, the non-finite rules
+  // above and the mask.
+  std::vector<float> PenalizedLogits(absl::Span<const float> logits, const uint8_t* allowed) const;
   // Temperature sampling over penalized logits; returns the chosen token id.
   int32_t SampleWithTemperature(const std::vector<float>& penalized, int64_t position) const;
 

@@ -44,9 +44,11 @@ std::vector<double> Softmax(const std::vector<float>& logits, double temperature
 
 // Draws one token per position over `num_positions` positions and counts them.
 std::map<int32_t, int> Histogram(const Sampler& sampler, const std::vector<float>& logits,
-                                 int num_positions) {
+                                 int num_positions, const uint8_t* allowed = nullptr) {
   std::map<int32_t, int> counts;
-  for (int pos = 0; pos < num_positions; ++pos) ++counts[sampler.Sample(logits, pos).token];
+  for (int pos = 0; pos < num_positions; ++pos) {
+    ++counts[sampler.Sample(logits, pos, allowed).token];
+  }
   return counts;
 }
 
@@ -492,6 +494,84 @@ TEST(SamplerTest, NonFiniteLogits) {
   EXPECT_NEAR(r.logprob, std::log(0.25), 1e-6);
 }
 
+TEST(SamplerTest, LogitBiasShiftsLogitsAndLogprobs) {
+  SamplingParams params;
+  params.top_logprobs = 2;
+  params.logit_bias = {{0, -100.0f}, {2, 1.5f}, {9, 100.0f}};  // 9 is outside the vocabulary
+  const SampleResult r = Sampler(params, 0).Sample({3.0f, 1.0f, 0.0f}, 0);
+  // Biased logits {-97, 1, 1.5}.
+  EXPECT_EQ(r.token, 2);
+  const std::vector<double> expected = Softmax({-97.0f, 1.0f, 1.5f}, 1.0);
+  EXPECT_NEAR(r.logprob, std::log(expected[2]), 1e-6);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[1].token, 1);
+  // +100 all but forces a token at any temperature.
+  params = Temperature(1.5f);
+  params.logit_bias = {{1, 100.0f}};
+  const auto counts = Histogram(Sampler(params, 0), {2.0f, 0.0f, 1.0f}, 500);
+  EXPECT_EQ(counts.at(1), 500);
+}
+
+// Bit t of the mask allows token t.
+std::string Mask(size_t vocab, std::initializer_list<int> allowed) {
+  std::string m((vocab + 7) / 8, '\0');
+  for (int t : allowed) m[t / 8] = static_cast<char>(m[t / 8] | (1 << (t % 8)));
+  return m;
+}
+
+TEST(SamplerTest, MaskConstrainsGreedySamplingAndLogprobs) {
+  const std::vector<float> logits = PseudoRandomLogits(300, 5);
+  const std::string mask = Mask(logits.size(), {7, 130, 299});
+  const auto* bits = reinterpret_cast<const uint8_t*>(mask.data());
+  SamplingParams params;
+  params.top_logprobs = 20;
+  const SampleResult g = Sampler(params, 0).Sample(logits, 0, bits);
+  int32_t best = 7;
+  for (int t : {130, 299}) {
+    if (logits[t] > logits[best]) best = t;
+  }
+  EXPECT_EQ(g.token, best);
+  // Only the allowed tokens have a probability, renormalized among them.
+  ASSERT_EQ(g.top.size(), 3u);
+  double sum = 0;
+  for (const TokenLogprob& t : g.top) {
+    EXPECT_TRUE(t.token == 7 || t.token == 130 || t.token == 299) << t.token;
+    sum += std::exp(static_cast<double>(t.logprob));
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-6);
+  params = Temperature(2.0f);
+  const auto counts = Histogram(Sampler(params, 0), logits, 1000, bits);
+  for (const auto& [token, n] : counts) EXPECT_TRUE(token == 7 || token == 130 || token == 299);
+  EXPECT_EQ(counts.size(), 3u);
+}
+
+TEST(SamplerTest, MaskOverMinusInfinityIsUniformOverAllowed) {
+  const std::string mask = Mask(5, {1, 3});
+  const auto* bits = reinterpret_cast<const uint8_t*>(mask.data());
+  const auto counts =
+      Histogram(Sampler(Temperature(1.0f), 0), {5.0f, -kInf, 2.0f, -kInf, 1.0f}, 1000, bits);
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_GT(counts.at(1), 400);
+  EXPECT_GT(counts.at(3), 400);
+  EXPECT_EQ(Sampler(SamplingParams{}, 0).Sample({5.0f, -kInf, 2.0f, -kInf, 1.0f}, 0, bits).token,
+            1);
+}
+
+TEST(SamplerTest, FullMaskChangesNothing) {
+  const std::vector<float> logits = PseudoRandomLogits(100, 9);
+  const std::string all(13, '\xff');
+  SamplingParams params = Temperature(0.9f);
+  params.top_logprobs = 5;
+  const Sampler s(params, 3);
+  for (int pos = 0; pos < 50; ++pos) {
+    const SampleResult a = s.Sample(logits, pos);
+    const SampleResult b = s.Sample(logits, pos, reinterpret_cast<const uint8_t*>(all.data()));
+    EXPECT_EQ(a.token, b.token);
+    EXPECT_EQ(a.logprob, b.logprob);
+    ASSERT_EQ(a.top.size(), b.top.size());
+  }
+}
+
 TEST(SamplerTest, EmptyLogits) { EXPECT_EQ(Sampler(Temperature(1.0f), 0).Sample({}, 0).token, -1); }
 
 TEST(ValidateSamplingParamsTest, AcceptsDefaultsAndLimits) {
@@ -526,6 +606,22 @@ TEST(ValidateSamplingParamsTest, RejectsBadValuesNamingTheField) {
       {"frequency_penalty", [](SamplingParams& p) { p.frequency_penalty = std::nanf(""); }},
       {"top_logprobs", [](SamplingParams& p) { p.top_logprobs = 21; }},
       {"top_logprobs", [](SamplingParams& p) { p.top_logprobs = -2; }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{3, 100.5f}};
+       }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{3, std::nanf("")}};
+       }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{3, 1.0f}, {3, 2.0f}};
+       }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       }},
   };
   for (const auto& c : cases) {
     SamplingParams p;

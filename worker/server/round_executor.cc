@@ -1,5 +1,6 @@
 #include "worker/server/round_executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <utility>
@@ -27,6 +28,9 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
         absl::StrCat("sampling.top_logprobs must be in [0, ", kMaxTopLogprobs, "]"));
   }
   s.top_logprobs = p.top_logprobs() > 0 ? p.top_logprobs() : (p.logprobs() ? 0 : -1);
+  // A protobuf map has no order; the sampler wants one.
+  s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   if (absl::Status st = ValidateSamplingParams(s); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
   }
@@ -83,6 +87,13 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       auto p = FromProto(row.sampling());
       if (!p.ok()) return bad(std::string(p.status().message()));
       if (row.choice_index() < 0) return bad("negative choice_index");
+      for (const auto& [token, bias] : row.sampling().logit_bias()) {
+        if (token >= backend_->config().vocab) {
+          return bad(absl::StrCat("sampling.logit_bias: token ", token,
+                                  " is outside the vocabulary [0, ", backend_->config().vocab,
+                                  ")"));
+        }
+      }
     }
     if (row.earlier_output_token_ids_size() > 0) {
       if (!row.has_sampling()) return bad("earlier_output_token_ids without sampling parameters");
@@ -106,6 +117,29 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       }
       if (row.verify_offsets(row.verify_offsets_size() - 1) != n - 1) {
         return bad("the last verify offset must be the row's last position");
+      }
+    }
+    if (row.allowed_tokens_size() > 0) {
+      const int samples = row.sample_last() ? 1 : row.verify_offsets_size();
+      if (row.allowed_tokens_size() != samples) {
+        return bad(absl::StrCat(row.allowed_tokens_size(), " allowed_tokens masks for ", samples,
+                                " sampled positions"));
+      }
+      const size_t bytes = (static_cast<size_t>(backend_->config().vocab) + 7) / 8;
+      for (int k = 0; k < row.allowed_tokens_size(); ++k) {
+        const std::string& mask = row.allowed_tokens(k);
+        if (mask.size() != bytes) {
+          return bad(absl::StrCat("allowed_tokens[", k, "] has ", mask.size(),
+                                  " bytes; the vocabulary needs ", bytes));
+        }
+        // Bits past the vocabulary would allow tokens that do not exist.
+        const int tail = backend_->config().vocab % 8;
+        if (tail != 0 && (static_cast<uint8_t>(mask.back()) >> tail) != 0) {
+          return bad(absl::StrCat("allowed_tokens[", k, "] allows tokens past the vocabulary"));
+        }
+        if (std::all_of(mask.begin(), mask.end(), [](char c) { return c == 0; })) {
+          return bad(absl::StrCat("allowed_tokens[", k, "] allows no token"));
+        }
       }
     }
   }
@@ -181,7 +215,11 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       for (size_t k = 0; k < s.logit_offsets.size(); ++k) {
         const int32_t off = s.logit_offsets[k];
         absl::Span<const float> row_logits(logits.data() + k * out.vocab, out.vocab);
-        SampleResult r = lane.sampler.Sample(row_logits, s.start_position + off + 1);
+        const uint8_t* allowed =
+            row.allowed_tokens_size() > 0
+                ? reinterpret_cast<const uint8_t*>(row.allowed_tokens(static_cast<int>(k)).data())
+                : nullptr;
+        SampleResult r = lane.sampler.Sample(row_logits, s.start_position + off + 1, allowed);
         lane.sampler.Observe(r.token);
         lane.last_sampled = r.token;
         lane.has_last = true;

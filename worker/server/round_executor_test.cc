@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -199,6 +200,59 @@ TEST_F(RoundExecutorTest, BadEarlierOutputIsInvalidArgumentAndChangesNothing) {
   // Parameters (and so earlier output) only come with a lane's first row.
   const v1::Status again = RunFirstRow(41, {3}, /*with_sampling=*/false);
   EXPECT_EQ(again.code(), kInvalid);
+}
+
+// Grammar masks: a row's allowed_tokens must fit the vocabulary and the
+// row's sampled positions; a good one constrains the sample.
+TEST_F(RoundExecutorTest, AllowedTokensAreValidatedAndApplied) {
+  const int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+  const int vocab = backend_->config().vocab;
+  const size_t bytes = (static_cast<size_t>(vocab) + 7) / 8;
+  auto run = [&](uint64_t lane, const std::vector<std::string>& masks,
+                 std::map<int32_t, float> bias = {}) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id_);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->add_token_ids(1);
+    row->add_token_ids(2);
+    row->set_sample_last(true);
+    AddBlocks(row, 14, 2);
+    *row->mutable_sampling() = Params();
+    for (const auto& [t, b] : bias) (*row->mutable_sampling()->mutable_logit_bias())[t] = b;
+    for (const std::string& m : masks) row->add_allowed_tokens(m);
+    absl::StatusOr<v1::RoundResult> res = exec_->Run(plan);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *res : v1::RoundResult();
+  };
+  std::string only_7(bytes, '\0');
+  only_7[0] = 1 << 7;
+  std::string past_end(bytes, '\0');
+  past_end[0] = 1;
+  if (vocab % 8 != 0) past_end.back() = static_cast<char>(0x80);
+  const struct {
+    std::vector<std::string> masks;
+    std::map<int32_t, float> bias;
+    const char* why;
+  } cases[] = {
+      {{only_7, only_7}, {}, "2 allowed_tokens masks for 1 sampled positions"},
+      {{std::string(bytes - 1, '\xff')}, {}, "the vocabulary needs"},
+      {{std::string(bytes, '\0')}, {}, "allows no token"},
+      {{}, {{vocab, 1.0f}}, "logit_bias: token"},
+  };
+  for (const auto& c : cases) {
+    const v1::RoundResult r = run(50, c.masks, c.bias);
+    EXPECT_EQ(r.error().code(), kInvalid) << c.why;
+    EXPECT_THAT(r.error().message(), HasSubstr(c.why));
+    EXPECT_EQ(exec_->num_lanes(), 0u);
+  }
+  if (vocab % 8 != 0) {
+    EXPECT_THAT(run(50, {past_end}).error().message(), HasSubstr("past the vocabulary"));
+  }
+  const v1::RoundResult ok = run(51, {only_7});
+  ASSERT_EQ(ok.error().code(), 0) << ok.error().message();
+  ASSERT_EQ(ok.outputs_size(), 1);
+  EXPECT_EQ(ok.outputs(0).tokens(0).token_id(), 7);
 }
 
 }  // namespace
