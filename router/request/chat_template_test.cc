@@ -459,5 +459,19 @@ INSTANTIATE_TEST_SUITE_P(
                    absl::StatusCode::kInvalidArgument}),
     [](const testing::TestParamInfo<DetectCase>& info) { return info.param.name; });
 
+// The whole template texts of testdata/chat_templates/.
+const std::vector<DetectCase>& GeneratedDetectCases() {
+  static const auto* cases = new std::vector<DetectCase>{
+#include "router/request/chat_template_detect_cases.inc"
+  };
+  return *cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(TemplateFiles, DetectChatTemplateTest,
+                         testing::ValuesIn(GeneratedDetectCases()),
+                         [](const testing::TestParamInfo<DetectCase>& info) {
+                           return info.param.name;
+                         });
+
 }  // namespace
 }  // namespace ringlane::router
