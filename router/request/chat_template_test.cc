@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace ringlane::router {
 namespace {
@@ -219,6 +220,172 @@ TEST(ChatTemplateTest, ByNameRejectsUnknownName) {
   EXPECT_NE(t.status().message().find("llama2"), std::string::npos);
 }
 
+// Conversations with tools, tool calls, tool results and reasoning fields,
+// rendered by tools/render_chat_template.py with jinja2 from the template
+// texts in testdata/chat_templates/ (the published Qwen2.5-7B-Instruct,
+// Llama-3.1-8B-Instruct, GLM-4.5 and GLM-4.7 templates; ringlane's own for
+// plain and chatml), set up as transformers' apply_chat_template does. The
+// generated cases are in chat_template_tool_cases.inc.
+struct ToolRenderCase {
+  std::string name;
+  std::string tmpl;
+  const char* tools_json;  // null: no tools
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt;
+  bool want_error;  // the template raises: InvalidArgument here
+  std::string want;
+};
+
+void PrintTo(const ToolRenderCase& c, std::ostream* os) { *os << c.name; }
+
+class ChatTemplateToolRenderTest : public testing::TestWithParam<ToolRenderCase> {};
+
+TEST_P(ChatTemplateToolRenderTest, MatchesPublishedTemplate) {
+  const ToolRenderCase& c = GetParam();
+  auto t = ChatTemplateByName(c.tmpl);
+  ASSERT_TRUE(t.ok()) << t.status();
+  nlohmann::ordered_json tools;
+  if (c.tools_json != nullptr) tools = nlohmann::ordered_json::parse(c.tools_json);
+  auto got =
+      t->Render(c.messages, c.add_generation_prompt, c.tools_json != nullptr ? &tools : nullptr);
+  if (c.want_error) {
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    return;
+  }
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, c.want);
+}
+
+// A function, not the macro's argument list: an #include cannot sit there.
+const std::vector<ToolRenderCase>& GeneratedToolCases() {
+  static const auto* cases = new std::vector<ToolRenderCase>{
+#include "router/request/chat_template_tool_cases.inc"
+  };
+  return *cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ChatTemplateToolRenderTest,
+                         testing::ValuesIn(GeneratedToolCases()),
+                         [](const testing::TestParamInfo<ToolRenderCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(ChatTemplateTest, ToolFormatAndReasoningPerFamily) {
+  const struct {
+    const char* name;
+    ToolFormat format;
+    bool reasoning;
+  } want[] = {
+      {"plain", ToolFormat::kHermes, false},         {"chatml", ToolFormat::kHermes, false},
+      {"qwen2", ToolFormat::kHermes, false},         {"llama3", ToolFormat::kLlama31Json, false},
+      {"llama3.1", ToolFormat::kLlama31Json, false}, {"glm4", ToolFormat::kGlm45, false},
+      {"glm4.5", ToolFormat::kGlm45, true},          {"glm4.7", ToolFormat::kGlm47, true},
+  };
+  for (const auto& w : want) {
+    auto t = ChatTemplateByName(w.name);
+    ASSERT_TRUE(t.ok()) << w.name;
+    EXPECT_EQ(t->name(), w.name);
+    EXPECT_EQ(t->tool_format(), w.format) << w.name;
+    EXPECT_EQ(t->reasoning(), w.reasoning) << w.name;
+  }
+}
+
+// The InvalidArgument message names the field by its path.
+void ExpectInvalid(std::string_view tmpl, const std::vector<ChatMessage>& msgs,
+                   const nlohmann::ordered_json* tools, std::string_view want_in_message) {
+  auto got = ChatTemplateByName(tmpl)->Render(msgs, true, tools);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << tmpl;
+  EXPECT_NE(got.status().message().find(std::string(want_in_message)), std::string::npos)
+      << tmpl << ": " << got.status();
+}
+
+TEST(ChatTemplateTest, BadToolCallsAreInvalidArgumentNamingTheField) {
+  const std::vector<ChatMessage> bad_json = {
+      {"user", "a"},
+      {"assistant", "b"},
+      {.role = "assistant", .tool_calls = {{.id = "1", .name = "f", .arguments = "{\"x\": "}}}};
+  const std::vector<ChatMessage> not_object = {
+      {"user", "a"},
+      {.role = "assistant", .tool_calls = {{.id = "1", .name = "f", .arguments = "[1]"}}}};
+  const std::vector<ChatMessage> no_name = {
+      {"user", "a"}, {.role = "assistant", .tool_calls = {{.id = "1", .arguments = "{}"}}}};
+  const std::vector<ChatMessage> on_user = {
+      {.role = "user",
+       .content = "a",
+       .tool_calls = {{.id = "1", .name = "f", .arguments = "{}"}}}};
+  for (const char* name : {"plain", "chatml", "qwen2", "llama3.1", "glm4.5", "glm4.7"}) {
+    ExpectInvalid(name, bad_json, nullptr,
+                  "messages[2].tool_calls[0].function.arguments: not valid JSON");
+    ExpectInvalid(name, not_object, nullptr,
+                  "messages[1].tool_calls[0].function.arguments: must be a JSON object");
+    ExpectInvalid(name, no_name, nullptr, "messages[1].tool_calls[0].function.name");
+    ExpectInvalid(name, on_user, nullptr, "messages[0].tool_calls");
+  }
+}
+
+TEST(ChatTemplateTest, FamiliesWithoutToolsRejectThem) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+  const std::vector<ChatMessage> call = {
+      {"user", "a"},
+      {.role = "assistant", .tool_calls = {{.id = "1", .name = "f", .arguments = "{}"}}}};
+  for (const char* name : {"llama3", "glm4"}) {
+    ExpectInvalid(name, {{"user", "a"}}, &tools, "tools: this template renders no tools");
+    ExpectInvalid(name, call, nullptr, "messages[1].tool_calls");
+    ExpectInvalid(name, {{"user", "a"}, {"tool", "r"}}, nullptr, "\"tool\"");
+  }
+  // A null JSON value is "no tools", not an error.
+  const nlohmann::ordered_json null_tools;
+  EXPECT_TRUE(ChatTemplateByName("llama3")->Render({{"user", "a"}}, true, &null_tools).ok());
+  // GLM-4.5+ name tool results "tool"; "observation" is GLM-4's.
+  ExpectInvalid("glm4.5", {{"user", "a"}, {"observation", "r"}}, nullptr, "\"observation\"");
+}
+
+TEST(ChatTemplateTest, MalformedToolsAreInvalidArgument) {
+  const nlohmann::ordered_json not_array = nlohmann::ordered_json::parse(R"({"type": "function"})");
+  const nlohmann::ordered_json not_objects = nlohmann::ordered_json::parse(R"([{}, 3])");
+  for (const char* name : {"plain", "chatml", "qwen2", "llama3.1", "glm4.5", "glm4.7"}) {
+    ExpectInvalid(name, {{"user", "a"}}, &not_array, "tools: must be an array");
+    ExpectInvalid(name, {{"user", "a"}}, &not_objects, "tools[1]: must be an object");
+  }
+}
+
+TEST(ChatTemplateTest, Llama31ToolLimits) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([])");
+  // The template raises for several calls in one message.
+  ExpectInvalid("llama3.1",
+                {{"user", "a"},
+                 {.role = "assistant",
+                  .tool_calls = {{.id = "1", .name = "f", .arguments = "{}"},
+                                 {.id = "2", .name = "g", .arguments = "{}"}}}},
+                nullptr, "messages[1].tool_calls: Llama 3.1 renders one call");
+  // With tools, a user message must follow the optional system message.
+  ExpectInvalid("llama3.1", {{"system", "s"}}, &tools, "messages[1]");
+  ExpectInvalid("llama3.1", {{"system", "s"}, {"assistant", "x"}, {"user", "u"}}, &tools,
+                "messages[1]");
+}
+
+// Python's json.dumps, as transformers' tojson calls it, for the argument
+// values the generated cases do not cover.
+TEST(ChatTemplateTest, ArgumentsSerializeAsPythonJsonDumps) {
+  const auto render = [](const std::string& args) {
+    auto got = ChatTemplateByName("qwen2")->Render(
+        {{"user", "a"},
+         {.role = "assistant", .tool_calls = {{.id = "1", .name = "f", .arguments = args}}}},
+        false);
+    EXPECT_TRUE(got.ok()) << got.status();
+    const std::string& s = *got;
+    const size_t begin = s.find("\"arguments\": ") + 13;
+    return s.substr(begin, s.find("}\n</tool_call>") - begin);
+  };
+  EXPECT_EQ(render(R"({"a": 0.0001, "b": 0.00001, "c": 1e16, "d": 1e15, "e": 123.456})"),
+            R"({"a": 0.0001, "b": 1e-05, "c": 1e+16, "d": 1000000000000000.0, "e": 123.456})");
+  EXPECT_EQ(render(R"({"a": -1.5e-300, "b": 5e-324, "c": 1.7976931348623157e308, "d": -12})"),
+            R"({"a": -1.5e-300, "b": 5e-324, "c": 1.7976931348623157e+308, "d": -12})");
+  EXPECT_EQ(render(R"({"s": "\u007f\u001f\b\f\r\\/ \u00e9 \ud83d\ude00"})"),
+            "{\"s\": \"\x7f\\u001f\\b\\f\\r\\\\/ \xc3\xa9 \xf0\x9f\x98\x80\"}");
+}
+
 struct DetectCase {
   std::string name;
   std::string config_json;
@@ -267,6 +434,15 @@ INSTANTIATE_TEST_SUITE_P(
         DetectCase{"glm45_reasoning",
                    R"({"chat_template": "[gMASK]<sop>{{ '\n<think></think>' }}"})", "",
                    absl::StatusCode::kUnimplemented},
+        // The tool-call lines of the published templates (JSON-escaped).
+        DetectCase{
+            "glm45",
+            R"({"chat_template": "[gMASK]<sop>\n{{ '\\n<think></think>' }}{{ '\\n<tool_call>' + tc.name }}\n{% for k, v in _args.items() %}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}"})",
+            "glm4.5"},
+        DetectCase{
+            "glm47",
+            R"({"chat_template": "[gMASK]<sop>\n{{ '</think>' }}{{- '<tool_call>' + tc.name -}}{% for k, v in _args.items() %}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}<|assistant|>{{- '<think>' -}}"})",
+            "glm4.7"},
         DetectCase{
             "named_list_default",
             R"({"chat_template": [{"name": "tool_use", "template": "[gMASK]"}, {"name": "default", "template": "<|im_start|>"}]})",
@@ -282,6 +458,20 @@ INSTANTIATE_TEST_SUITE_P(
         DetectCase{"template_wrong_type", R"({"chat_template": 7})", "",
                    absl::StatusCode::kInvalidArgument}),
     [](const testing::TestParamInfo<DetectCase>& info) { return info.param.name; });
+
+// The whole template texts of testdata/chat_templates/.
+const std::vector<DetectCase>& GeneratedDetectCases() {
+  static const auto* cases = new std::vector<DetectCase>{
+#include "router/request/chat_template_detect_cases.inc"
+  };
+  return *cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(TemplateFiles, DetectChatTemplateTest,
+                         testing::ValuesIn(GeneratedDetectCases()),
+                         [](const testing::TestParamInfo<DetectCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace ringlane::router
