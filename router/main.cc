@@ -132,7 +132,8 @@ ABSL_FLAG(int64_t, max_session_id_bytes, 256,
 ABSL_FLAG(int64_t, max_stop_bytes, 1024, "longest stop string");
 ABSL_FLAG(std::string, chat_template, "auto",
           "chat template: auto (from tokenizer_config.json beside --tokenizer; plain when it "
-          "has none), plain, chatml, qwen2, llama3, llama3.1 or glm4");
+          "has none), plain, chatml, qwen2, llama3, llama3.1, glm4, glm4.5 or glm4.7 (also "
+          "GLM-5)");
 ABSL_FLAG(bool, loop_watchdog, true,
           "stop generations that loop (requests may opt out with loop_watchdog: false)");
 ABSL_FLAG(int, loop_max_period, 64, "longest token cycle the loop watchdog looks for");
