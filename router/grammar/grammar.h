@@ -52,6 +52,11 @@ class GrammarBuilder {
   // `field_path` + the schema's own path for what is not supported or
   // not a valid schema.
   absl::StatusOr<Rule> JsonSchema(const nlohmann::json& schema, std::string_view field_path);
+  // The same for a schema parsed with nlohmann::ordered_json, whose object
+  // properties keep their declaration order; a nlohmann::json schema has
+  // its keys sorted, so its properties are emitted in key order.
+  absl::StatusOr<Rule> JsonSchema(const nlohmann::ordered_json& schema,
+                                  std::string_view field_path);
 
   std::shared_ptr<const Grammar> Build(Rule start);
 
@@ -65,6 +70,8 @@ std::shared_ptr<const Grammar> JsonObjectGrammar();
 // response_format json_schema: one JSON value valid against `schema`.
 absl::StatusOr<std::shared_ptr<const Grammar>> JsonSchemaGrammar(const nlohmann::json& schema,
                                                                  std::string_view field_path);
+absl::StatusOr<std::shared_ptr<const Grammar>> JsonSchemaGrammar(
+    const nlohmann::ordered_json& schema, std::string_view field_path);
 
 // Where generated text stands in a grammar. Copyable (a draft is checked on
 // a copy).
