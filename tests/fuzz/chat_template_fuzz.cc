@@ -27,6 +27,7 @@ using ringlane::router::ChatTemplateFamily;
 constexpr ChatTemplateFamily kFamilies[] = {
     ChatTemplateFamily::kPlain,  ChatTemplateFamily::kChatMl,  ChatTemplateFamily::kQwen2,
     ChatTemplateFamily::kLlama3, ChatTemplateFamily::kLlama31, ChatTemplateFamily::kGlm4,
+    ChatTemplateFamily::kGlm45,  ChatTemplateFamily::kGlm47,
 };
 
 void RenderAndCheck(const ChatTemplate& t, const std::vector<ChatMessage>& messages,
@@ -47,6 +48,16 @@ void RenderAndCheck(const ChatTemplate& t, const std::vector<ChatMessage>& messa
     const bool whole = !m.content.empty() && absl::ascii_isalnum(m.content.front()) &&
                        absl::ascii_isalnum(m.content.back());
     if (trims && !whole) continue;
+    // Llama 3.1 writes a tool result as a JSON string (the template's
+    // tojson of a non-mapping), escaped, not as the text itself.
+    if (t.family() == ChatTemplateFamily::kLlama31 && m.role == "tool") continue;
+    // GLM-4.5+ moves an inline <think> block out of assistant turns (and
+    // drops it before the last user turn), so such content is not kept whole.
+    const bool glm_reasoning =
+        t.family() == ChatTemplateFamily::kGlm45 || t.family() == ChatTemplateFamily::kGlm47;
+    if (glm_reasoning && (m.content.find("think>") != std::string::npos || m.role == "assistant")) {
+      continue;
+    }
     FUZZ_CHECK(text->find(m.content) != std::string::npos, "%s: content of a %s message missing",
                std::string(t.name()).c_str(), m.role.c_str());
   }
