@@ -50,7 +50,9 @@ void RenderAndCheck(const ChatTemplate& t, const std::vector<ChatMessage>& messa
     if (trims && !whole) continue;
     // Llama 3.1 writes a tool result as a JSON string (the template's
     // tojson of a non-mapping), escaped, not as the text itself.
-    if (t.family() == ChatTemplateFamily::kLlama31 && m.role == "tool") continue;
+    if (t.family() == ChatTemplateFamily::kLlama31 && (m.role == "tool" || m.role == "ipython")) {
+      continue;
+    }
     // GLM-4.5+ moves an inline <think> block out of assistant turns (and
     // drops it before the last user turn), so such content is not kept whole.
     const bool glm_reasoning =
