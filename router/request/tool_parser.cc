@@ -603,20 +603,24 @@ void OutputStreamParser::RejectCall() {
   mode_ = Mode::kText;
 }
 
+bool OutputStreamParser::SkipOptionalMarker(std::string_view rest, std::string_view marker,
+                                            bool eof) {
+  const size_t p = SkipWs(rest, 0);
+  const std::string_view t = rest.substr(p);
+  if (StartsWith(t, marker)) {
+    pos_ += p + marker.size();
+    return true;
+  }
+  return eof || !(t.empty() || IsProperPrefixOf(t, marker));
+}
+
 bool OutputStreamParser::Step(bool eof) {
   std::string_view rest = std::string_view(buf_).substr(pos_);
   switch (mode_) {
-    case Mode::kThinkStart: {
-      size_t p = SkipWs(rest, 0);
-      std::string_view t = rest.substr(p);
-      if (StartsWith(t, kThinkOpen)) {
-        pos_ += p + kThinkOpen.size();
-      } else if ((t.empty() || IsProperPrefixOf(t, kThinkOpen)) && !eof) {
-        return false;
-      }
+    case Mode::kThinkStart:
+      if (!SkipOptionalMarker(rest, kThinkOpen, eof)) return false;
       mode_ = Mode::kText;
       return true;
-    }
     case Mode::kText:
       return StepText(eof);
     case Mode::kPlain:
@@ -677,19 +681,12 @@ bool OutputStreamParser::Step(bool eof) {
       mode_ = options_.format == ToolFormat::kHermes ? Mode::kHermesClose : Mode::kLlamaAfter;
       return true;
     }
-    case Mode::kHermesClose: {
-      size_t p = SkipWs(rest, 0);
-      std::string_view t = rest.substr(p);
-      if (StartsWith(t, kCallClose)) {
-        pos_ += p + kCallClose.size();
-      } else if ((t.empty() || IsProperPrefixOf(t, kCallClose)) && !eof) {
-        return false;
-      }
+    case Mode::kHermesClose:
       // Anything else after a complete object ends the call: a missing
       // "</tool_call>" is tolerated and the text is scanned as text.
+      if (!SkipOptionalMarker(rest, kCallClose, eof)) return false;
       mode_ = Mode::kText;
       return true;
-    }
     case Mode::kLlamaAfter: {
       size_t p = SkipWs(rest, 0);
       if (p == rest.size()) {

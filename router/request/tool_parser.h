@@ -163,6 +163,10 @@ class OutputStreamParser {
   bool StepText(bool eof);
   bool StepJsonHeader(bool eof);
   bool StepGlmName(bool eof);
+  // Consumes whitespace and `marker` when `rest` starts with them; false
+  // when what follows might still become the marker (more text needed),
+  // true otherwise (marker consumed, or absent: nothing consumed).
+  bool SkipOptionalMarker(std::string_view rest, std::string_view marker, bool eof);
   void Run(bool eof);
 
   void EmitText(std::string_view s);
