@@ -198,11 +198,32 @@ absl::StatusOr<PreparedRequest> Router::Prepare(const v1::GenerateRequest& reque
   return preparer_.Prepare(request, *m);
 }
 
+absl::StatusOr<std::shared_ptr<const grammar::TokenMasker>> Router::Masker(
+    const ModelDescription& m) {
+  absl::MutexLock l(&masker_mu_);
+  if (masker_) return masker_;
+  absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> vocab =
+      grammar::TokenVocabulary::FromTokenizer(*tokenizer_);
+  if (!vocab.ok()) return vocab.status();
+  masker_ = std::make_shared<grammar::TokenMasker>(*std::move(vocab), m.eos_ids);
+  return masker_;
+}
+
 absl::Status Router::Submit(PreparedRequest request, std::shared_ptr<ResponseQueue> queue) {
   std::optional<ModelDescription> m = model();
   if (!m) return absl::UnavailableError("no worker group has connected yet");
   auto req = std::make_shared<RequestState>();
   req->queue = std::move(queue);
+  if (request.grammar) {
+    absl::StatusOr<std::shared_ptr<const grammar::TokenMasker>> masker = Masker(*m);
+    if (!masker.ok()) return masker.status();
+    req->masker = *std::move(masker);
+    req->mask_bytes = (static_cast<size_t>(m->vocab_size) + 7) / 8;
+    // The decoder below is primed with the prompt, so the output's first
+    // token renders as it does mid-text unless the prompt is BOS alone.
+    req->output_at_text_start =
+        request.prompt.size() == 1 && request.prompt[0] == tokenizer_->bos_id();
+  }
   auto stops =
       StopTokens::Create(request.stop_token_ids, m->eos_ids, request.ignore_eos, m->vocab_size);
   if (!stops.ok()) {
@@ -226,6 +247,7 @@ absl::Status Router::Submit(PreparedRequest request, std::shared_ptr<ResponseQue
       return absl::InvalidArgumentError(absl::StrCat("stop: ", matcher.status().message()));
     }
     c.matcher = std::move(*matcher);
+    if (request.grammar) c.grammar.emplace(request.grammar);
     if (request.loop_watchdog) {
       LoopWatchdogOptions lo = options_.loop_watchdog;
       lo.enabled = true;

@@ -143,6 +143,10 @@ class Router {
   // Why no group can take a request, for Unavailable messages.
   std::string WhyNotReady() const;
 
+  // The token masker of grammar-constrained requests, built on the first
+  // one (its vocabulary tables cost a few MB for a large vocabulary).
+  absl::StatusOr<std::shared_ptr<const grammar::TokenMasker>> Masker(const ModelDescription& m);
+
   const RouterOptions options_;
   const std::unique_ptr<Tokenizer> tokenizer_;
   const RequestPreparer preparer_;
@@ -160,6 +164,9 @@ class Router {
 
   mutable absl::Mutex info_mu_;
   std::optional<ModelDescription> model_ ABSL_GUARDED_BY(info_mu_);
+
+  absl::Mutex masker_mu_;
+  std::shared_ptr<const grammar::TokenMasker> masker_ ABSL_GUARDED_BY(masker_mu_);
 
   // Taken alone (never with another mutex held), by every group's thread.
   absl::Mutex log_mu_;

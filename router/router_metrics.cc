@@ -11,6 +11,12 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
           0.4,   0.5,    0.75,  1.0,  2.5,  5.0,  10.0, 20.0, 40.0, 80.0, 120.0};
 }
 
+// A mask takes microseconds over a small vocabulary, milliseconds inside a
+// string over a large one.
+prometheus::Histogram::BucketBoundaries MaskBuckets() {
+  return {0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3};
+}
+
 prometheus::Histogram::BucketBoundaries RoundTokenBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 }
@@ -49,6 +55,13 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
       &Reg(BuildCounter(), "ringlane_generation_tokens_total", "Tokens generated (all choices)", r);
   default_temperature_ = &Reg(BuildCounter(), "ringlane_requests_default_temperature_total",
                               "Requests that gave no temperature and got the server default", r);
+  constrained_choices_ =
+      &Reg(BuildCounter(), "ringlane_constrained_choices_total",
+           "Choices decoded under a grammar (response_format, tool_choice required or named)", r);
+  grammar_mask_ = &Reg(BuildHistogram(), "ringlane_grammar_mask_seconds",
+                       "Planner time computing one decode row's token masks (one per position "
+                       "it samples), on the group's thread",
+                       r);
   loops_detected_ = &Reg(BuildCounter(), "ringlane_loops_detected_total",
                          "Choices the loop watchdog flagged as repeating a cycle", r);
   loops_stopped_ = &Reg(BuildCounter(), "ringlane_loops_stopped_total",
@@ -125,6 +138,8 @@ GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group,
   m.cached_prompt_tokens = &cached_tokens_->Add(l);
   m.generation_tokens = &generation_tokens_->Add(l);
   m.requests_default_temperature = &default_temperature_->Add(l);
+  m.constrained_choices = &constrained_choices_->Add(l);
+  m.grammar_mask_s = &grammar_mask_->Add(l, MaskBuckets());
   m.loops_detected = &loops_detected_->Add(l);
   m.loops_stopped = &loops_stopped_->Add(l);
   m.finish_stop = &finished_choices_->Add(with("reason", "stop"));

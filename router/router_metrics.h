@@ -48,6 +48,10 @@ struct GroupMetrics {
   prometheus::Counter* cached_prompt_tokens = nullptr;
   prometheus::Counter* generation_tokens = nullptr;
   prometheus::Counter* requests_default_temperature = nullptr;
+  // Choices decoded under a grammar (response_format, tool_choice), and
+  // the time the planner spends computing their token masks per row.
+  prometheus::Counter* constrained_choices = nullptr;
+  prometheus::Histogram* grammar_mask_s = nullptr;
   prometheus::Counter* loops_detected = nullptr;
   prometheus::Counter* loops_stopped = nullptr;
   prometheus::Counter* finish_stop = nullptr;
@@ -106,6 +110,8 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* cached_tokens_;
   prometheus::Family<prometheus::Counter>* generation_tokens_;
   prometheus::Family<prometheus::Counter>* default_temperature_;
+  prometheus::Family<prometheus::Counter>* constrained_choices_;
+  prometheus::Family<prometheus::Histogram>* grammar_mask_;
   prometheus::Family<prometheus::Counter>* loops_detected_;
   prometheus::Family<prometheus::Counter>* loops_stopped_;
   prometheus::Family<prometheus::Counter>* finished_choices_;

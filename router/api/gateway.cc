@@ -292,6 +292,7 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
   openai::RequestLimits limits = options_.limits;
   if (std::optional<ModelDescription> m = router_->model()) {
     limits.max_top_logprobs = m->limits.max_top_logprobs();
+    limits.max_abs_logit_bias = m->limits.max_abs_logit_bias();
   }
   absl::StatusOr<openai::ParsedRequest> parsed =
       openai::ParseRequest(endpoint, req.body, session_header, limits);
@@ -380,9 +381,26 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
 
   const bool chat = endpoint == openai::Endpoint::kChatCompletions;
   const std::string served = router_->model() ? router_->model()->model_id : parsed->model;
+  // Chat output is parsed for tool calls when tools are offered, and split
+  // into reasoning and answer when the template opens a <think> block.
+  std::optional<ToolParserOptions> output;
+  const ChatTemplate& tmpl = router_->chat_template();
+  const bool tools_on = !parsed->tools.is_null() && parsed->tool_choice != "none";
+  if (chat && (tools_on || tmpl.reasoning())) {
+    output.emplace();
+    output->format = tmpl.tool_format();
+    output->reasoning = tmpl.reasoning();
+    if (tools_on) {
+      for (const json& t : parsed->tools) {
+        const json& fn = t["function"];
+        output->tool_parameters[fn["name"].get<std::string>()] = fn.value("parameters", json());
+      }
+    }
+  }
   openai::ResponseBuilder builder(*parsed, absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id),
                                   absl::ToUnixSeconds(absl::Now()), served,
-                                  static_cast<int>(queues.size()), router_->tokenizer());
+                                  static_cast<int>(queues.size()), router_->tokenizer(),
+                                  std::move(output));
   const HttpHeaders headers = {{"X-Request-Id", request_id}};
   auto send_event = [&out](const json& j) { return out.Write("data: " + Dump(j) + "\n\n"); };
   auto gone = [&] {

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "router/request/errors.h"
+#include "router/tokenizer/tokenizer.h"
 
 namespace ringlane::router::openai {
 namespace {
@@ -108,10 +109,41 @@ TEST(OpenAiParseTest, BadRequestsNameTheField) {
        "must be in"},
       {C, R"({"model":"m","prompt":"x","logprobs":6})", "logprobs", "must be in [0, 5]"},
       {C, R"({"model":"m","prompt":"x","logprobs":1,"echo":true})", "echo", "prompt's logprobs"},
-      {C, R"({"model":"m","prompt":"x","tools":[{"type":"function"}]})", "tools", "not supported"},
-      {C, R"({"model":"m","prompt":"x","response_format":{"type":"json_object"}})",
-       "response_format", "not supported"},
-      {C, R"({"model":"m","prompt":"x","logit_bias":{"1":5}})", "logit_bias", "not supported"},
+      {C, R"({"model":"m","prompt":"x","tools":[{"type":"function"}]})", "tools",
+       "only /v1/chat/completions"},
+      {C, R"({"model":"m","prompt":"x","response_format":{"type":"xml"}})", "response_format.type",
+       "must be"},
+      {C, R"({"model":"m","prompt":"x","response_format":{"type":"json_schema"}})",
+       "response_format.json_schema", "required"},
+      {C, R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":{}}})",
+       "response_format.json_schema.name", "required"},
+      {C, R"({"model":"m","prompt":"x","response_format":{"type":"json_object","x":1}})",
+       "response_format.x", "unknown field"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"a":5}})", "logit_bias.a", "token ids"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":{"1":"5"}})", "logit_bias.1", "a number"},
+      {C, R"({"model":"m","prompt":"x","logit_bias":[1]})", "logit_bias", "an object"},
+      {H, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+       "tool_choice", "needs tools"},
+      {H, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"always"})",
+       "tool_choice", "must be"},
+      {H, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":{}})", "tools",
+       "an array"},
+      {H, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"web"}]})",
+       "tools[0].type", "function"},
+      {H,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]})",
+       "tools[0].function.name", "must be"},
+      {H,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       "tool_choice.function.name", "not one of tools"},
+      {H, R"({"model":"m","messages":[{"role":"tool","content":"x"}]})", "messages[0].tool_call_id",
+       "required"},
+      {H,
+       R"({"model":"m","messages":[{"role":"user","content":"x","tool_calls":[{"function":{"name":"f"}}]}]})",
+       "messages[0].tool_calls", "only assistant"},
+      {H,
+       R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"[1]"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments", "JSON text of an object"},
       {C, R"({"model":"m","prompt":"x","frobnicate":1})", "frobnicate", "unknown field"},
       {C, R"({"model":"m","prompt":"x","stream_options":{"include_usage":true}})", "stream_options",
        "only allowed when stream"},
@@ -211,6 +243,69 @@ TEST(OpenAiParseTest, LogprobCountsAreBoundByTheWorkersLimit) {
   ASSERT_TRUE(ok.ok()) << ok.status();
 }
 
+TEST(OpenAiParseTest, StructuredOutputAndToolFieldsMapOntoGenerateRequest) {
+  RequestLimits limits;
+  limits.max_abs_logit_bias = 100;  // as the workers advertise it
+  // Schema keys out of sorted order: the constraint and the tools keep
+  // them as written (properties are generated in declaration order).
+  auto p = ParseRequest(Endpoint::kChatCompletions, R"({"model":"m",
+      "messages":[{"role":"user","content":"x"},
+                  {"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",
+                   "function":{"name":"get","arguments":"{\"city\":\"Oslo\"}"}}]},
+                  {"role":"tool","tool_call_id":"c1","content":"5 C"}],
+      "response_format":{"type":"json_schema","json_schema":{"name":"r","schema":
+        {"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}},
+         "required":["zeta","alpha"]}}},
+      "tools":[{"type":"function","function":{"name":"get","parameters":
+        {"type":"object","properties":{"zz":{"type":"string"},"aa":{"type":"number"}}}}}],
+      "logit_bias":{"7":-100,"9":2.5}})",
+                        "", limits);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const v1::GenerateRequest& r = p->prompts[0];
+  ASSERT_EQ(r.constraint().kind_case(), v1::OutputConstraint::kJsonSchema);
+  EXPECT_LT(r.constraint().json_schema().find("zeta"), r.constraint().json_schema().find("alpha"));
+  EXPECT_LT(r.chat().tools().find("zz"), r.chat().tools().find("aa"));
+  EXPECT_EQ(r.sampling().logit_bias().at(7), -100.0f);
+  EXPECT_EQ(r.sampling().logit_bias().at(9), 2.5f);
+  ASSERT_EQ(r.chat().messages(1).tool_calls_size(), 1);
+  EXPECT_EQ(r.chat().messages(1).tool_calls(0).name(), "get");
+  EXPECT_EQ(r.chat().messages(1).tool_calls(0).arguments(), R"({"city":"Oslo"})");
+  EXPECT_EQ(r.chat().messages(2).tool_call_id(), "c1");
+  EXPECT_EQ(p->tool_choice, "auto");
+
+  // tool_choice required / named set the tool-call constraint.
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get"}}])";
+  auto req = ParseRequest(Endpoint::kChatCompletions,
+                          R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools +
+                              R"(,"tool_choice":"required"})",
+                          "", limits);
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_TRUE(req->prompts[0].constraint().tool_calls());
+  auto named = ParseRequest(Endpoint::kChatCompletions,
+                            R"({"model":"m","messages":[{"role":"user","content":"x"}],)" + tools +
+                                R"(,"tool_choice":{"type":"function","function":{"name":"get"}}})",
+                            "", limits);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->prompts[0].constraint().tool_function(), "get");
+
+  // The workers' logit_bias bound, under OpenAI's field name.
+  auto big = ParseRequest(Endpoint::kCompletions,
+                          R"({"model":"m","prompt":"x","logit_bias":{"3":101}})", "", limits);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(ErrorFromStatus(big.status()).param, "logit_bias.3");
+  EXPECT_THAT(big.status().message(), HasSubstr("must be in [-100, 100], got 101"));
+  // A schema the grammar cannot build names its place.
+  auto pattern = ParseRequest(
+      Endpoint::kCompletions,
+      R"({"model":"m","prompt":"x","response_format":{"type":"json_schema","json_schema":
+          {"name":"r","schema":{"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}}}}})",
+      "", limits);
+  ASSERT_FALSE(pattern.ok());
+  EXPECT_EQ(ErrorFromStatus(pattern.status()).status, 400);
+  EXPECT_THAT(pattern.status().message(),
+              HasSubstr("response_format.json_schema.schema.properties.a"));
+}
+
 TEST(OpenAiParseTest, LongFreeStringsAreRefused) {
   const std::string big(300, 'u');
   auto p = ParseRequest(Endpoint::kCompletions,
@@ -264,6 +359,72 @@ TEST(OpenAiParseTest, TokenizeAndDetokenizeBodies) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->second.size(), 2u);
   EXPECT_FALSE(ParseDetokenizeRequest(R"({"tokens":"12"})").ok());
+}
+
+// Chat output with tools: the calls out of the text, whole and streamed
+// alike; parallel_tool_calls false keeps the first.
+TEST(OpenAiResponseTest, ToolCallsWholeAndStreamed) {
+  auto tok = LoadTokenizer(RINGLANE_SOURCE_DIR "/deploy/models/stories260K/tok512.bin");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::string text =
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+  for (bool parallel : {true, false}) {
+    std::vector<json> final_calls[2];
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("parallel ", parallel, " stream ", stream));
+      auto p = ParseRequest(
+          Endpoint::kChatCompletions,
+          absl::StrCat(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stream":)",
+                       stream ? "true" : "false", R"(,"parallel_tool_calls":)",
+                       parallel ? "true" : "false",
+                       R"(,"tools":[{"type":"function","function":{"name":"f"}},)",
+                       R"({"type":"function","function":{"name":"g"}}]})"),
+          "");
+      ASSERT_TRUE(p.ok()) << p.status();
+      ToolParserOptions options;
+      options.tool_parameters = {{"f", json()}, {"g", json()}};
+      ResponseBuilder b(*p, "chatcmpl-1", 0, "m", 1, **tok, options);
+      std::vector<json> calls;
+      std::string finish;
+      for (size_t at = 0; at < text.size(); at += 7) {
+        v1::GenerateResponse msg;
+        msg.set_text(text.substr(at, 7));
+        if (at + 7 >= text.size()) msg.set_finish_reason(v1::FINISH_REASON_STOP);
+        for (const json& chunk : b.Add(0, msg)) {
+          for (const json& ch : chunk["choices"]) {
+            if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+            for (const json& d : ch["delta"].value("tool_calls", json::array())) {
+              const size_t i = d["index"];
+              if (calls.size() <= i) calls.resize(i + 1);
+              if (d.contains("id")) {
+                calls[i] = {{"id", d["id"]},
+                            {"type", "function"},
+                            {"function", {{"name", d["function"]["name"]}, {"arguments", ""}}}};
+              }
+              calls[i]["function"]["arguments"] =
+                  calls[i]["function"]["arguments"].get<std::string>() +
+                  d["function"]["arguments"].get<std::string>();
+            }
+          }
+        }
+      }
+      if (!stream) {
+        const json whole = b.Final();
+        const json& ch = whole["choices"][0];
+        finish = ch["finish_reason"];
+        EXPECT_TRUE(ch["message"]["content"].is_null()) << whole.dump();
+        for (const json& c : ch["message"]["tool_calls"]) calls.push_back(c);
+      }
+      EXPECT_EQ(finish, "tool_calls");
+      ASSERT_EQ(calls.size(), parallel ? 2u : 1u);
+      EXPECT_EQ(calls[0]["function"]["name"], "f");
+      EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+                json({{"a", 1}}));
+      final_calls[stream] = calls;
+    }
+    EXPECT_EQ(final_calls[0], final_calls[1]);
+  }
 }
 
 }  // namespace

@@ -5,36 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "router/request/errors.h"
+#include "router/request/json_text.h"
 
 namespace ringlane::router::openai {
 
 using nlohmann::json;
 
 absl::Status CheckJsonDepth(std::string_view body, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character cannot end the string
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return FieldError("body", absl::StrCat("JSON nested deeper than ", max_depth,
-                                               " levels (at byte ", i, ")"));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;  // unbalanced brackets are the parser's to report
-    }
-  }
-  return absl::OkStatus();
+  return CheckJsonNesting(body, max_depth, "body");
 }
 
 namespace internal {

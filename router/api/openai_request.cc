@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "router/api/openai_json.h"
+#include "router/grammar/grammar.h"
+#include "router/request/json_text.h"
 #include "router/request/prepare.h"
 
 namespace ringlane::router::openai {
@@ -31,13 +33,8 @@ namespace {
 // Fields of OpenAI's API (or common extensions) not implemented here: named
 // in the 400, so that a client knows it was not ignored.
 const std::set<std::string>& UnsupportedFields() {
-  static const auto* f = new std::set<std::string>{"tools",
-                                                   "tool_choice",
-                                                   "functions",
+  static const auto* f = new std::set<std::string>{"functions",
                                                    "function_call",
-                                                   "parallel_tool_calls",
-                                                   "response_format",
-                                                   "logit_bias",
                                                    "suffix",
                                                    "best_of",
                                                    "audio",
@@ -158,6 +155,169 @@ absl::StatusOr<int32_t> LogprobCount(const json& v, std::string_view field, int6
   return Bad(field, absl::StrCat("must be in [0, ", hi, "], got ", *i));
 }
 
+// response_format: text, json_object, or json_schema {name, schema,
+// strict?, description?}. The schema is compiled here once so that an
+// unsupported keyword is a 400 naming its place under the OpenAI field.
+// `raw`: the member's text in the body, for the schema's key order.
+absl::Status ParseResponseFormat(const json& v, std::string_view raw, v1::GenerateRequest* r) {
+  if (!v.is_object()) return WrongType("response_format", "an object", v);
+  auto type = v.find("type");
+  if (type == v.end() || !type->is_string()) {
+    return Bad("response_format.type", "required: \"text\", \"json_object\" or \"json_schema\"");
+  }
+  const std::string t = type->get<std::string>();
+  for (const auto& [key, val] : v.items()) {
+    if (key != "type" && !(t == "json_schema" && key == "json_schema")) {
+      return Bad(absl::StrCat("response_format.", key), "unknown field");
+    }
+  }
+  if (t == "text") return absl::OkStatus();
+  if (t == "json_object") {
+    r->mutable_constraint()->set_json_object(true);
+    return absl::OkStatus();
+  }
+  if (t != "json_schema") {
+    return Bad("response_format.type",
+               absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", got \"",
+                            t.substr(0, 64), "\""));
+  }
+  auto js = v.find("json_schema");
+  if (js == v.end() || !js->is_object()) {
+    return Bad("response_format.json_schema", "required, an object");
+  }
+  for (const auto& [key, val] : js->items()) {
+    if (val.is_null()) continue;
+    const std::string field = absl::StrCat("response_format.json_schema.", key);
+    if (key == "name") {
+      if (!val.is_string() || val.get<std::string>().empty() ||
+          val.get<std::string>().size() > 64) {
+        return Bad(field, "must be a string of 1 to 64 characters");
+      }
+    } else if (key == "strict") {
+      if (!val.is_boolean()) return WrongType(field, "a boolean", val);
+    } else if (key == "description") {
+      if (!val.is_string()) return WrongType(field, "a string", val);
+    } else if (key != "schema") {
+      return Bad(field, "unknown field");
+    }
+  }
+  if (!js->contains("name")) return Bad("response_format.json_schema.name", "required");
+  auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null()) {
+    // No schema: any JSON object, as vLLM does.
+    r->mutable_constraint()->set_json_object(true);
+    return absl::OkStatus();
+  }
+  if (!schema->is_object() && !schema->is_boolean()) {
+    return WrongType("response_format.json_schema.schema", "an object", *schema);
+  }
+  std::optional<std::string_view> text = MemberText(raw, "json_schema");
+  if (text) text = MemberText(*text, "schema");
+  if (!text) return Bad("response_format.json_schema.schema", "could not be read");
+  absl::StatusOr<nlohmann::ordered_json> ordered =
+      ParseOrderedJson(*text, "response_format.json_schema.schema");
+  if (!ordered.ok()) return ordered.status();
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g =
+      grammar::JsonSchemaGrammar(*ordered, "response_format.json_schema.schema");
+  if (!g.ok()) return g.status();
+  r->mutable_constraint()->set_json_schema(ordered->dump());
+  return absl::OkStatus();
+}
+
+// logit_bias: {"token id": bias}; OpenAI keys are decimal strings.
+absl::Status ParseLogitBias(const json& v, const RequestLimits& limits, v1::SamplingParams* s) {
+  if (!v.is_object()) return WrongType("logit_bias", "an object of token id to bias", v);
+  if (v.size() > static_cast<size_t>(kMaxLogitBiasTokens)) {
+    return Bad("logit_bias",
+               absl::StrCat("at most ", kMaxLogitBiasTokens, " tokens, got ", v.size()));
+  }
+  for (const auto& [key, val] : v.items()) {
+    const std::string field = absl::StrCat("logit_bias.", key.substr(0, 32));
+    int64_t id = -1;
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return Bad(field, "keys must be token ids (decimal integers)");
+    }
+    absl::StatusOr<double> b = Number(val, field);
+    if (!b.ok()) return b.status();
+    const double max = limits.max_abs_logit_bias >= 0 ? limits.max_abs_logit_bias
+                                                      : std::numeric_limits<float>::max();
+    if (!(std::abs(*b) <= max)) {
+      return Bad(field, absl::StrCat("must be in [-", max, ", ", max, "], got ", *b));
+    }
+    (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(*b);
+  }
+  return absl::OkStatus();
+}
+
+// tool_choice: "none", "auto", "required" or {"type": "function",
+// "function": {"name": N}}; the name is checked against tools later.
+absl::Status ParseToolChoice(const json& v, ParsedRequest* p) {
+  if (v.is_string()) {
+    const std::string c = v.get<std::string>();
+    if (c != "none" && c != "auto" && c != "required") {
+      return Bad("tool_choice", absl::StrCat("must be \"none\", \"auto\", \"required\" or a "
+                                             "function, got \"",
+                                             c.substr(0, 64), "\""));
+    }
+    p->tool_choice = c;
+    return absl::OkStatus();
+  }
+  if (!v.is_object()) return WrongType("tool_choice", "a string or an object", v);
+  if (v.value("type", json()) != "function") return Bad("tool_choice.type", "must be \"function\"");
+  auto fn = v.find("function");
+  if (fn == v.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+    return Bad("tool_choice.function.name", "required, a string");
+  }
+  p->tool_choice = "function";
+  p->tool_function = (*fn)["name"].get<std::string>();
+  return absl::OkStatus();
+}
+
+// An assistant message's tool_calls: [{id, type: "function", function:
+// {name, arguments: JSON text}}].
+absl::Status ParseToolCalls(const json& v, const std::string& field, v1::ChatMessage* msg) {
+  if (!v.is_array()) return WrongType(field, "an array", v);
+  for (size_t k = 0; k < v.size(); ++k) {
+    const std::string f = absl::StrCat(field, "[", k, "]");
+    const json& c = v[k];
+    if (!c.is_object()) return WrongType(f, "an object", c);
+    if (c.contains("type") && c["type"] != "function")
+      return Bad(f + ".type", "must be \"function\"");
+    auto fn = c.find("function");
+    if (fn == c.end() || !fn->is_object()) return Bad(f + ".function", "required, an object");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty()) {
+      return Bad(f + ".function.name", "required, a string");
+    }
+    v1::ToolCall* tc = msg->add_tool_calls();
+    tc->set_name(name->get<std::string>());
+    if (auto id = c.find("id"); id != c.end() && !id->is_null()) {
+      if (!id->is_string()) return WrongType(f + ".id", "a string", *id);
+      tc->set_id(id->get<std::string>());
+    }
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) {
+      tc->set_arguments("{}");
+    } else if (args->is_string()) {
+      // Clients send what the API returned: JSON text of an object.
+      const json parsed = json::parse(args->get<std::string>(), nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object()) {
+        return Bad(f + ".function.arguments", "must be JSON text of an object");
+      }
+      tc->set_arguments(args->get<std::string>());
+    } else if (args->is_object()) {
+      tc->set_arguments(args->dump());
+    } else {
+      return WrongType(f + ".function.arguments", "a string of JSON", *args);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
   if (!v.is_array()) return WrongType("messages", "an array", v);
   if (v.empty()) return Bad("messages", "empty list");
@@ -194,13 +354,36 @@ absl::StatusOr<v1::ChatMessages> ParseMessages(const json& v) {
           return WrongType(field + ".content", "a string or an array of text parts", val);
         }
       } else if (key == "name") {
-        // Participant names have no place in the built-in templates.
-        return Bad(field + ".name", "not supported");
+        absl::StatusOr<std::string> n = String(val, field + ".name");
+        if (!n.ok()) return n.status();
+        msg->set_name(*n);
+      } else if (key == "tool_calls") {
+        if (absl::Status st = ParseToolCalls(val, field + ".tool_calls", msg); !st.ok()) return st;
+      } else if (key == "tool_call_id") {
+        absl::StatusOr<std::string> id = String(val, field + ".tool_call_id");
+        if (!id.ok()) return id.status();
+        msg->set_tool_call_id(*id);
+      } else if (key == "reasoning_content") {
+        absl::StatusOr<std::string> r = String(val, field + ".reasoning_content");
+        if (!r.ok()) return r.status();
+        msg->set_reasoning_content(*r);
       } else {
         return Bad(absl::StrCat(field, ".", key), "not supported");
       }
     }
     if (msg->role().empty()) return Bad(field + ".role", "required");
+    // Participant names have no place in the built-in templates; a tool
+    // message's name is the tool's.
+    if (!msg->name().empty() && msg->role() != "tool") return Bad(field + ".name", "not supported");
+    if (msg->tool_calls_size() > 0 && msg->role() != "assistant") {
+      return Bad(field + ".tool_calls", "only assistant messages carry tool calls");
+    }
+    if (msg->role() == "tool" && msg->tool_call_id().empty()) {
+      return Bad(field + ".tool_call_id", "required for a tool message");
+    }
+    if (!msg->tool_call_id().empty() && msg->role() != "tool") {
+      return Bad(field + ".tool_call_id", "only tool messages answer a tool call");
+    }
   }
   return out;
 }
@@ -225,6 +408,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   std::vector<v1::GenerateRequest> prompts;
   bool have_max_tokens = false;
   json logprobs_value;  // read after the loop: its meaning depends on the endpoint
+  json tools_value;
   json top_logprobs_value;
 
   for (const auto& item : j.items()) {
@@ -363,6 +547,23 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       absl::StatusOr<bool> b = Bool(v, key);
       if (!b.ok()) return b.status();
       base.set_loop_watchdog(*b);
+    } else if (key == "response_format") {
+      std::optional<std::string_view> raw = MemberText(body, key);
+      if (!raw) return Bad(key, "could not be read");
+      st = ParseResponseFormat(v, *raw, &base);
+    } else if (key == "logit_bias") {
+      st = ParseLogitBias(v, limits, s);
+    } else if (chat && key == "tools") {
+      if (!v.is_array()) return WrongType(key, "an array", v);
+      tools_value = v;
+    } else if (chat && key == "tool_choice") {
+      st = ParseToolChoice(v, &p);
+    } else if (chat && key == "parallel_tool_calls") {
+      absl::StatusOr<bool> b = Bool(v, key);
+      if (!b.ok()) return b.status();
+      p.parallel_tool_calls = *b;
+    } else if (key == "tools" || key == "tool_choice" || key == "parallel_tool_calls") {
+      return Bad(key, "only /v1/chat/completions calls tools");
     } else if (key == "speculative") {
       absl::StatusOr<bool> b = Bool(v, key);
       if (!b.ok()) return b.status();
@@ -390,6 +591,41 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
                                              absl::StrJoin(unknown, ", ")));
   }
   if (!has_prompt) return Bad(chat ? "messages" : "prompt", "required");
+  if (!tools_value.is_null() && !tools_value.empty()) {
+    // From the body's text: the template shows each schema as written.
+    std::optional<std::string_view> raw = MemberText(body, "tools");
+    if (!raw) return Bad("tools", "could not be read");
+    absl::StatusOr<nlohmann::ordered_json> tools = ParseTools(*raw);
+    if (!tools.ok()) return tools.status();
+    p.tools = std::move(*tools);
+    const std::string text = p.tools.dump();
+    for (v1::GenerateRequest& r : prompts) r.mutable_chat()->set_tools(text);
+  }
+  if (p.tool_choice != "auto" && p.tool_choice != "none" && p.tools.is_null()) {
+    return Bad("tool_choice",
+               absl::StrCat("\"", p.tool_choice == "function" ? "function" : p.tool_choice,
+                            "\" needs tools"));
+  }
+  if (p.tool_choice == "function") {
+    bool found = false;
+    for (const auto& t : p.tools) found = found || t["function"]["name"] == p.tool_function;
+    if (!found) {
+      return Bad("tool_choice.function.name",
+                 absl::StrCat("'", p.tool_function.substr(0, 64), "' is not one of tools"));
+    }
+  }
+  if (p.tool_choice == "required" || p.tool_choice == "function") {
+    if (base.has_constraint()) {
+      return Bad("response_format",
+                 "cannot be combined with tool_choice \"required\" or a function");
+    }
+    if (p.tool_choice == "function") {
+      base.mutable_constraint()->set_tool_function(p.tool_function);
+    } else {
+      base.mutable_constraint()->set_tool_calls(true);
+      base.mutable_constraint()->set_single_tool_call(!p.parallel_tool_calls);
+    }
+  }
   if (p.model.empty()) return Bad("model", "required");
   if (p.include_usage && !p.stream) {
     return Bad("stream_options", "only allowed when stream is true");

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "ringlane/v1/generate.pb.h"
 
 namespace ringlane::router::openai {
@@ -54,6 +55,9 @@ struct RequestLimits {
   // under OpenAI's field name. -1 while no worker group has connected: then
   // only the sign is checked here, and Router::Prepare refuses the request.
   int max_top_logprobs = -1;
+  // logit_bias values lie in [-max, max] (WorkerLimits.max_abs_logit_bias,
+  // copied the same way); -1: only finiteness is checked here.
+  float max_abs_logit_bias = -1;
 };
 
 // InvalidArgument when `body` nests arrays/objects deeper than `max_depth`
@@ -73,6 +77,14 @@ struct ParsedRequest {
   int top_logprobs = 0;
   bool echo = false;  // completions: the prompt's text before the completion
   std::string user;
+  // Chat tools (checked by ParseTools) and tool_choice: "auto", "none",
+  // "required" or "function" (then tool_function names it). Output is
+  // parsed for tool calls when tools are declared and the choice is not
+  // "none".
+  nlohmann::ordered_json tools;
+  std::string tool_choice = "auto";
+  std::string tool_function;
+  bool parallel_tool_calls = true;
 };
 
 // Parses and checks a request body. InvalidArgument whose message starts

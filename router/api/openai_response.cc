@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "router/api/openai_errors.h"
 
 namespace ringlane::router::openai {
@@ -25,14 +26,20 @@ std::string FinishReasonName(v1::FinishReason reason) {
 }
 
 ResponseBuilder::ResponseBuilder(const ParsedRequest& request, std::string id, int64_t created,
-                                 std::string model, int num_prompts, const Tokenizer& tokenizer)
+                                 std::string model, int num_prompts, const Tokenizer& tokenizer,
+                                 std::optional<ToolParserOptions> output)
     : request_(request),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
       tokenizer_(tokenizer),
+      output_(request.endpoint == Endpoint::kChatCompletions ? std::move(output) : std::nullopt),
       choices_(static_cast<size_t>(num_prompts * request.n)) {
-  for (ChoiceState& c : choices_) {
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    ChoiceState& c = choices_[i];
+    if (output_ && request.stream) {
+      c.parser = std::make_unique<OutputStreamParser>(OutputOptions(i));
+    }
     c.echo_pending = request.echo;
     if (request.logprobs) {
       c.logprobs = request.endpoint == Endpoint::kChatCompletions
@@ -43,6 +50,36 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, std::string id, i
                               {"text_offset", json::array()}};
     }
   }
+}
+
+ToolParserOptions ResponseBuilder::OutputOptions(size_t index) const {
+  ToolParserOptions o = *output_;
+  // Unique per response and choice, and the same whole or streamed.
+  o.id_prefix = absl::StrCat("call_", id_, "_", index, "_");
+  return o;
+}
+
+json ResponseBuilder::DeltaJson(const OutputDelta& d) {
+  json j = json::object();
+  if (!d.reasoning_content.empty()) j["reasoning_content"] = d.reasoning_content;
+  if (!d.content.empty()) j["content"] = d.content;
+  if (!d.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ToolCallDelta& t : d.tool_calls) {
+      json fn = {{"arguments", t.arguments}};
+      json call = {{"index", t.index}};
+      // The first piece of a call names it, whole.
+      if (!t.name.empty()) {
+        call["id"] = t.id;
+        call["type"] = "function";
+        fn["name"] = t.name;
+      }
+      call["function"] = std::move(fn);
+      calls.push_back(std::move(call));
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  return j;
 }
 
 json ResponseBuilder::ChunkBase() const {
@@ -130,15 +167,36 @@ std::vector<json> ResponseBuilder::Add(int prompt, const v1::GenerateResponse& m
     }
   }
   if (!request_.stream) c.text += msg.text();
-  const std::string finish = FinishReasonName(msg.finish_reason());
+  std::string finish = FinishReasonName(msg.finish_reason());
+  json delta = json::object();
+  if (c.parser) {
+    OutputDelta d = c.parser->Feed(msg.text());
+    if (!finish.empty()) {
+      const OutputDelta rest = c.parser->Finish();
+      d.content += rest.content;
+      d.reasoning_content += rest.reasoning_content;
+      d.tool_calls.insert(d.tool_calls.end(), rest.tool_calls.begin(), rest.tool_calls.end());
+      // A model that stopped after calling tools asks for their results.
+      if (finish == "stop" && c.parser->has_tool_calls()) finish = "tool_calls";
+    }
+    // parallel_tool_calls false: the first call only (under "required" the
+    // grammar already allows one).
+    if (!request_.parallel_tool_calls) {
+      std::erase_if(d.tool_calls, [](const ToolCallDelta& t) { return t.index > 0; });
+    }
+    delta = DeltaJson(d);
+  } else if (!msg.text().empty()) {
+    delta = {{"content", msg.text()}};
+  }
   if (!finish.empty()) c.finish_reason = finish;
   if (msg.text().empty() && finish.empty() && lp.is_null()) return chunks;
+  if (c.parser && delta.empty() && finish.empty() && lp.is_null()) return chunks;
 
   json ch = {{"index", index},
              {"logprobs", std::move(lp)},
              {"finish_reason", finish.empty() ? json(nullptr) : json(finish)}};
   if (chat) {
-    ch["delta"] = msg.text().empty() ? json::object() : json{{"content", msg.text()}};
+    ch["delta"] = std::move(delta);
   } else {
     ch["text"] = msg.text();
   }
@@ -183,7 +241,27 @@ json ResponseBuilder::Final() const {
     json ch = {{"index", i},
                {"logprobs", request_.logprobs ? c.logprobs : json(nullptr)},
                {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}};
-    if (chat) {
+    if (chat && output_) {
+      ParsedOutput parsed = ParseOutput(c.text, OutputOptions(i));
+      if (!request_.parallel_tool_calls && parsed.tool_calls.size() > 1)
+        parsed.tool_calls.resize(1);
+      json msg = {{"role", "assistant"}};
+      // OpenAI's message of a call without text has content null.
+      msg["content"] = parsed.content.empty() && !parsed.tool_calls.empty() ? json(nullptr)
+                                                                            : json(parsed.content);
+      if (!parsed.reasoning_content.empty()) msg["reasoning_content"] = parsed.reasoning_content;
+      if (!parsed.tool_calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& t : parsed.tool_calls) {
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+        if (c.finish_reason == "stop") ch["finish_reason"] = "tool_calls";
+      }
+      ch["message"] = std::move(msg);
+    } else if (chat) {
       ch["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       ch["text"] = c.text;

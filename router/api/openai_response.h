@@ -4,12 +4,15 @@
 #define RINGLANE_ROUTER_API_OPENAI_RESPONSE_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "nlohmann/json.hpp"
 #include "ringlane/v1/generate.pb.h"
 #include "router/api/openai_request.h"
+#include "router/request/tool_parser.h"
 #include "router/tokenizer/tokenizer.h"
 
 namespace ringlane::router::openai {
@@ -21,8 +24,12 @@ class ResponseBuilder {
  public:
   // `id` like "cmpl-req-7"; `created` Unix seconds; `num_prompts` * `n`
   // choices.
+  // `output`: chat output is split into content, reasoning_content and
+  // tool_calls by these rules (tools declared, or a reasoning template);
+  // absent: the text is the content as generated.
   ResponseBuilder(const ParsedRequest& request, std::string id, int64_t created, std::string model,
-                  int num_prompts, const Tokenizer& tokenizer);
+                  int num_prompts, const Tokenizer& tokenizer,
+                  std::optional<ToolParserOptions> output = std::nullopt);
 
   // Takes one router message of prompt `prompt`. Returns the SSE chunks
   // (JSON objects, without "data: ") to send for it when streaming.
@@ -40,11 +47,16 @@ class ResponseBuilder {
   struct ChoiceState {
     std::string text;
     int completion_tokens = 0;
-    bool echo_pending = false;  // the next message is the prompt echo
-    std::string finish_reason;  // "" while running
-    nlohmann::json logprobs;    // accumulated, format per endpoint
-    int64_t text_offset = 0;    // completions logprobs: bytes of text so far
+    bool echo_pending = false;                   // the next message is the prompt echo
+    std::string finish_reason;                   // "" while running
+    nlohmann::json logprobs;                     // accumulated, format per endpoint
+    int64_t text_offset = 0;                     // completions logprobs: bytes of text so far
+    std::unique_ptr<OutputStreamParser> parser;  // streamed chat with output rules
   };
+  // The delta's JSON (content, reasoning_content, tool_calls).
+  static nlohmann::json DeltaJson(const OutputDelta& d);
+  // The output rules of choice `index` (its ids are its own).
+  ToolParserOptions OutputOptions(size_t index) const;
   nlohmann::json ChunkBase() const;
   nlohmann::json LogprobsOf(const ringlane::v1::GenerateResponse& msg, ChoiceState& c) const;
 
@@ -53,6 +65,7 @@ class ResponseBuilder {
   const int64_t created_;
   const std::string model_;
   const Tokenizer& tokenizer_;
+  const std::optional<ToolParserOptions> output_;
   std::vector<ChoiceState> choices_;
   int64_t prompt_tokens_ = 0;
   int64_t completion_tokens_ = 0;

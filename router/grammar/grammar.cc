@@ -398,6 +398,33 @@ GrammarBuilder::Rule internal::RuleSet::TextUntil(std::string_view term) {
   return start;
 }
 
+// Bounded: characters counted, so the KMP state would multiply by the
+// count; excluding the terminator's first byte keeps it one rule per
+// character instead, and a text without that byte cannot hold the
+// terminator.
+GrammarBuilder::Rule internal::RuleSet::TextUntil(std::string_view term, int min_chars,
+                                                  int max_chars) {
+  if (min_chars <= 0 && max_chars < 0) return TextUntil(term);
+  using internal::Range;
+  ByteSet ascii = Range(0x00, 0x7f);
+  const uint8_t first = term.empty() ? 0 : static_cast<uint8_t>(term[0]);
+  if (!term.empty() && first < 0x80) ascii[first >> 6] &= ~(uint64_t{1} << (first & 63));
+  const ByteSet cont = Range(0x80, 0xbf);
+  ByteSet e_mid = Range(0xe1, 0xec);
+  internal::AddRange(&e_mid, 0xee, 0xef);
+  Rule ch = NewRule();
+  const Elem c = S(cont);
+  AddAlt(ch, {S(ascii)});
+  AddAlt(ch, {S(Range(0xc2, 0xdf)), c});
+  AddAlt(ch, {S(internal::Byte(0xe0)), S(Range(0xa0, 0xbf)), c});
+  AddAlt(ch, {S(e_mid), c, c});
+  AddAlt(ch, {S(internal::Byte(0xed)), S(Range(0x80, 0x9f)), c});
+  AddAlt(ch, {S(internal::Byte(0xf0)), S(Range(0x90, 0xbf)), c, c});
+  AddAlt(ch, {S(Range(0xf1, 0xf3)), c, c, c});
+  AddAlt(ch, {S(internal::Byte(0xf4)), S(Range(0x80, 0x8f)), c, c});
+  return Repeat(ch, std::max(min_chars, 0), max_chars);
+}
+
 // ---- GrammarBuilder ----
 
 GrammarBuilder::GrammarBuilder() : impl_(std::make_unique<Impl>()) {}
@@ -415,6 +442,10 @@ GrammarBuilder::Rule GrammarBuilder::Repeat(Rule part, int min, int max) {
 }
 GrammarBuilder::Rule GrammarBuilder::TextUntil(std::string_view terminator) {
   return impl_->TextUntil(terminator);
+}
+GrammarBuilder::Rule GrammarBuilder::TextUntil(std::string_view terminator, int min_chars,
+                                               int max_chars) {
+  return impl_->TextUntil(terminator, min_chars, max_chars);
 }
 GrammarBuilder::Rule GrammarBuilder::JsonValue() { return impl_->GenericValue(0); }
 GrammarBuilder::Rule GrammarBuilder::JsonObject() { return impl_->GenericObject(0); }

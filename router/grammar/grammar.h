@@ -45,6 +45,9 @@ class GrammarBuilder {
   // Any text (valid UTF-8) that does not contain `terminator`; the
   // terminator itself is not part of the rule.
   Rule TextUntil(std::string_view terminator);
+  // The same, of min_chars to max_chars characters (max -1: unbounded);
+  // when bounded, the text also leaves out the terminator's first byte.
+  Rule TextUntil(std::string_view terminator, int min_chars, int max_chars);
   // Any JSON value / any JSON object (bounded whitespace, see FromJsonSchema).
   Rule JsonValue();
   Rule JsonObject();

@@ -144,6 +144,7 @@ struct RuleSet {
   Rule GenericValue(int depth);
   Rule GenericObject(int depth);
   Rule TextUntil(std::string_view terminator);
+  Rule TextUntil(std::string_view terminator, int min_chars, int max_chars);
 
   absl::StatusOr<Rule> CompileSchema(const nlohmann::ordered_json& schema,
                                      std::string_view field_path);

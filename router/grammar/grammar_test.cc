@@ -174,6 +174,14 @@ TEST(GrammarTest, TextUntilAndBuilderPieces) {
   EXPECT_EQ(FirstRefused(g2, "a"), -2);
   EXPECT_EQ(FirstRefused(g2, "ababab"), -1);
   EXPECT_EQ(FirstRefused(g2, "abababa"), 6);
+  // Bounded raw text counts characters and leaves out the terminator's
+  // first byte.
+  GrammarBuilder bt;
+  auto gt = bt.Build(bt.Seq({bt.TextUntil("</v>", 1, 3), bt.Literal("</v>")}));
+  EXPECT_EQ(FirstRefused(gt, "\xe2\x82\xac\xc3\xa9b</v>"), -1);
+  EXPECT_EQ(FirstRefused(gt, "</v>"), 0);
+  EXPECT_EQ(FirstRefused(gt, "a<b</v>"), 2);  // "<" starts the terminator
+  EXPECT_EQ(FirstRefused(gt, "abcd</v>"), 3);
   GrammarBuilder b3;
   auto g3 = b3.Build(b3.Repeat(b3.Repeat(b3.Literal("x"), 0, -1), 0, -1));  // nullable in a star
   EXPECT_EQ(FirstRefused(g3, "xxxx"), -1);

@@ -74,6 +74,20 @@ bool OnSampledToken(RequestState& req, int choice, const v1::SampledToken& t,
                     const Tokenizer& tok) {
   Choice& c = req.choices[choice];
   if (c.finished || req.dead()) return false;
+  const StopTokens::Kind kind = req.stop_tokens->Check(t.token_id());
+  // A constrained choice ends when its grammar does: once no byte may
+  // follow, the mask would allow only stop tokens, so the sample is known.
+  bool grammar_done = false;
+  if (c.grammar && req.masker && kind == StopTokens::Kind::kNone) {
+    const bool at_start = c.generated.empty() && req.output_at_text_start;
+    if (!req.masker->Advance(&*c.grammar, at_start, t.token_id())) {
+      // The workers sampled under this grammar's mask: a refusal here means
+      // the masks and the matcher disagree.
+      RL_LOG(ERROR) << "request " << req.p.request_id << " choice " << c.index << ": token "
+                    << t.token_id() << " was sampled under a mask its grammar refuses";
+    }
+    grammar_done = c.grammar->Finished();
+  }
   c.generated.push_back(t.token_id());
   ++req.completion_tokens;
   if (req.metrics) req.metrics->generation_tokens->Increment();
@@ -91,7 +105,6 @@ bool OnSampledToken(RequestState& req, int choice, const v1::SampledToken& t,
   }
   std::string text;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  const StopTokens::Kind kind = req.stop_tokens->Check(t.token_id());
   if (kind != StopTokens::Kind::kNone) {
     // The stop token's own text is not returned, but what it completes is.
     text = c.matcher->Feed(c.decoder->Flush()).text;
@@ -109,7 +122,8 @@ bool OnSampledToken(RequestState& req, int choice, const v1::SampledToken& t,
     if (c.matcher->stopped()) {
       finish = v1::FINISH_REASON_STOP;
       msg.set_stop_string(c.matcher->stop_strings()[o.matched_stop]);
-    } else if (loop_stop || static_cast<int>(c.generated.size()) >= req.p.max_tokens) {
+    } else if (grammar_done || loop_stop ||
+               static_cast<int>(c.generated.size()) >= req.p.max_tokens) {
       StopMatcher::Output rest = c.matcher->Feed(c.decoder->Flush());
       text += rest.text;
       if (c.matcher->stopped()) {
@@ -117,7 +131,9 @@ bool OnSampledToken(RequestState& req, int choice, const v1::SampledToken& t,
         msg.set_stop_string(c.matcher->stop_strings()[rest.matched_stop]);
       } else {
         text += c.matcher->Finish();
-        finish = loop_stop ? v1::FINISH_REASON_LOOP : v1::FINISH_REASON_LENGTH;
+        finish = grammar_done ? v1::FINISH_REASON_STOP
+                 : loop_stop  ? v1::FINISH_REASON_LOOP
+                              : v1::FINISH_REASON_LENGTH;
       }
     }
   }

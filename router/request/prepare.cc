@@ -8,8 +8,12 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "router/grammar/grammar.h"
 #include "router/request/errors.h"
+#include "router/request/json_text.h"
 #include "router/request/stop_matcher.h"
+#include "router/request/tool_grammar.h"
 #include "router/tokenizer/utf8.h"
 
 namespace ringlane::router {
@@ -20,6 +24,12 @@ namespace {
 
 absl::Status Invalid(const std::string& field, const std::string& why) {
   return FieldError(field, why);
+}
+
+// A SentencePiece model writes the value's first token as "▁{" after a
+// prompt that ends in a newline; JSON allows the space, so the grammar does.
+grammar::GrammarBuilder::Rule OptionalSpace(grammar::GrammarBuilder& b) {
+  return b.Repeat(b.Literal(" "), 0, 1);
 }
 
 }  // namespace
@@ -48,6 +58,58 @@ absl::Status CheckRequestId(std::string_view field, std::string_view id, size_t 
   return absl::OkStatus();
 }
 
+absl::StatusOr<nlohmann::ordered_json> ParseTools(std::string_view tools_json) {
+  absl::StatusOr<nlohmann::ordered_json> parsed = ParseOrderedJson(tools_json, "tools");
+  if (!parsed.ok()) return parsed.status();
+  nlohmann::ordered_json& tools = *parsed;
+  if (!tools.is_array()) return Invalid("tools", "must be an array");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string field = absl::StrCat("tools[", i, "]");
+    const nlohmann::ordered_json& t = tools[i];
+    if (!t.is_object()) return Invalid(field, "must be an object");
+    if (t.value("type", nlohmann::ordered_json()) != "function") {
+      return Invalid(field + ".type", "must be \"function\"");
+    }
+    for (const auto& [key, v] : t.items()) {
+      if (key != "type" && key != "function") return Invalid(field + "." + key, "unknown field");
+    }
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) return Invalid(field + ".function", "must be an object");
+    for (const auto& [key, v] : fn->items()) {
+      if (key != "name" && key != "description" && key != "parameters" && key != "strict") {
+        return Invalid(absl::StrCat(field, ".function.", key), "unknown field");
+      }
+    }
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) {
+      return Invalid(field + ".function.name", "required, a string");
+    }
+    const std::string n = name->get<std::string>();
+    const bool ok_name =
+        !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+    if (!ok_name) {
+      return Invalid(field + ".function.name", "must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+    }
+    if (std::find(names.begin(), names.end(), n) != names.end()) {
+      return Invalid(field + ".function.name", absl::StrCat("'", n, "' is declared twice"));
+    }
+    names.push_back(n);
+    if (auto d = fn->find("description"); d != fn->end() && !d->is_string() && !d->is_null()) {
+      return Invalid(field + ".function.description", "must be a string");
+    }
+    if (auto params = fn->find("parameters"); params != fn->end() && !params->is_null()) {
+      if (!params->is_object()) return Invalid(field + ".function.parameters", "must be an object");
+      if (params->contains("type") && (*params)["type"] != "object") {
+        return Invalid(field + ".function.parameters.type", "must be \"object\"");
+      }
+    }
+  }
+  return std::move(tools);
+}
+
 absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
     const v1::ChatMessages& chat) const {
   std::vector<ChatMessage> messages;
@@ -57,16 +119,80 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
         !st.ok()) {
       return st;
     }
-    messages.push_back({m.role(), m.content()});
+    ChatMessage msg;
+    msg.role = m.role();
+    msg.content = m.content();
+    for (const v1::ToolCall& tc : m.tool_calls()) {
+      msg.tool_calls.push_back({tc.id(), tc.name(), tc.arguments()});
+    }
+    msg.tool_call_id = m.tool_call_id();
+    msg.name = m.name();
+    msg.reasoning_content = m.reasoning_content();
+    messages.push_back(std::move(msg));
   }
-  absl::StatusOr<std::string> text = chat_template_->Render(messages, true);
-  if (!text.ok()) return Invalid("messages", std::string(text.status().message()));
+  // Ordered: the template writes the tools' JSON with keys as the client
+  // gave them.
+  std::optional<nlohmann::ordered_json> tools;
+  if (!chat.tools().empty()) {
+    absl::StatusOr<nlohmann::ordered_json> parsed = ParseTools(chat.tools());
+    if (!parsed.ok()) return parsed.status();
+    tools = *std::move(parsed);
+  }
+  absl::StatusOr<std::string> text =
+      chat_template_->Render(messages, true, tools ? &*tools : nullptr);
+  if (!text.ok()) {
+    // The template names the field itself ("messages[2].tool_calls[0]...:
+    // why") when the fault is in one; keep that as the error's field.
+    const std::string msg(text.status().message());
+    const size_t colon = msg.find(": ");
+    if (colon != std::string::npos &&
+        (msg.rfind("messages[", 0) == 0 || msg.rfind("tools", 0) == 0)) {
+      return Invalid(msg.substr(0, colon), msg.substr(colon + 2));
+    }
+    return Invalid("messages", msg);
+  }
   // Templates that spell out their framing tokens (Llama's BOS, GLM's
   // prefix) must not get another; the plain one relies on the tokenizer's.
   const bool add_special = chat_template_->family() == ChatTemplateFamily::kPlain;
   auto ids = tokenizer_->Encode(*text, add_special);
   if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
   return ids;
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::Grammar>> RequestPreparer::CompileConstraint(
+    const v1::GenerateRequest& request) const {
+  const v1::OutputConstraint& c = request.constraint();
+  switch (c.kind_case()) {
+    case v1::OutputConstraint::kJsonObject: {
+      if (!c.json_object()) break;
+      grammar::GrammarBuilder b;
+      return b.Build(b.Seq({OptionalSpace(b), b.JsonObject()}));
+    }
+    case v1::OutputConstraint::kJsonSchema: {
+      absl::StatusOr<nlohmann::ordered_json> schema =
+          ParseOrderedJson(c.json_schema(), "constraint.json_schema");
+      if (!schema.ok()) return schema.status();
+      grammar::GrammarBuilder b;
+      absl::StatusOr<grammar::GrammarBuilder::Rule> value =
+          b.JsonSchema(*schema, "constraint.json_schema");
+      if (!value.ok()) return value.status();
+      return b.Build(b.Seq({OptionalSpace(b), *value}));
+    }
+    case v1::OutputConstraint::kToolCalls:
+    case v1::OutputConstraint::kToolFunction: {
+      if (c.kind_case() == v1::OutputConstraint::kToolCalls && !c.tool_calls()) break;
+      if (request.prompt_case() != v1::GenerateRequest::kChat || request.chat().tools().empty()) {
+        return Invalid("constraint", "tool calls need a chat prompt with tools");
+      }
+      absl::StatusOr<nlohmann::ordered_json> tools = ParseTools(request.chat().tools());
+      if (!tools.ok()) return tools.status();
+      return ToolCallGrammar(chat_template_->tool_format(), *tools, c.tool_function(),
+                             c.single_tool_call());
+    }
+    case v1::OutputConstraint::KIND_NOT_SET:
+      break;
+  }
+  return Invalid("constraint", "no constraint kind set");
 }
 
 absl::StatusOr<v1::TokenizeResponse> RequestPreparer::Tokenize(const v1::TokenizeRequest& request,
@@ -226,6 +352,32 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
                                                 request.max_drafts()));
     }
     p.max_drafts = request.max_drafts();
+  }
+  if (s.logit_bias_size() > kMaxLogitBiasTokens) {
+    return Invalid("sampling.logit_bias", absl::StrCat("at most ", kMaxLogitBiasTokens,
+                                                       " tokens, got ", s.logit_bias_size()));
+  }
+  const float max_bias = m->limits.max_abs_logit_bias();
+  for (const auto& [token, bias] : s.logit_bias()) {
+    const std::string field = absl::StrCat("sampling.logit_bias[", token, "]");
+    if (token < 0 || token >= m->vocab_size) {
+      return Invalid(field, absl::StrCat("token ", token, " is outside the vocabulary [0, ",
+                                         m->vocab_size, ")"));
+    }
+    if (!(bias >= -max_bias && bias <= max_bias)) {
+      return Invalid(field,
+                     absl::StrCat("must be in [-", max_bias, ", ", max_bias, "], got ", bias));
+    }
+  }
+  if (request.has_constraint()) {
+    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = CompileConstraint(request);
+    if (!g.ok()) return g.status();
+    p.grammar = *std::move(g);
+    if (request.ignore_eos()) {
+      return Invalid("ignore_eos",
+                     "cannot be combined with a grammar constraint, which ends "
+                     "the output where the grammar does");
+    }
   }
   p.logprobs = request.logprobs() || s.logprobs() || s.top_logprobs() > 0;
   p.echo = request.echo();

@@ -37,6 +37,15 @@ struct ModelDescription {
 // Most draft tokens one decode step may verify (GenerateRequest.max_drafts,
 // --spec_max_drafts).
 inline constexpr int kMaxDraftsPerStep = 64;
+// Most logit_bias entries per request (ours: the map travels with every
+// lane's first row); the value bounds are the workers' (WorkerLimits).
+inline constexpr int kMaxLogitBiasTokens = 1024;
+
+// The tools of a chat (ChatMessages.tools, JSON text) checked for shape: an
+// array of {"type": "function", "function": {"name": NAME, "description"?,
+// "parameters"?: object, "strict"?}} with names of 1..64 of [A-Za-z0-9_-],
+// each declared once. InvalidArgument naming "tools[i]...".
+absl::StatusOr<nlohmann::ordered_json> ParseTools(std::string_view tools_json);
 
 struct PrepareOptions {
   float default_temperature = 0;
@@ -74,6 +83,9 @@ class RequestPreparer {
   absl::StatusOr<PreparedRequest> Prepare(const ringlane::v1::GenerateRequest& request,
                                           const ModelDescription& model) const;
   absl::StatusOr<std::vector<int32_t>> EncodeChat(const ringlane::v1::ChatMessages& chat) const;
+  // The grammar of request.constraint(); InvalidArgument naming the field.
+  absl::StatusOr<std::shared_ptr<const grammar::Grammar>> CompileConstraint(
+      const ringlane::v1::GenerateRequest& request) const;
   // `model` is null before any group connected (then any model id passes).
   absl::StatusOr<ringlane::v1::TokenizeResponse> Tokenize(
       const ringlane::v1::TokenizeRequest& request, const ModelDescription* model) const;

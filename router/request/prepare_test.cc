@@ -1,6 +1,7 @@
 // The input bounds Prepare enforces for both front doors (HTTP and gRPC).
 #include "router/request/prepare.h"
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ class PrepareTest : public ::testing::Test {
     model_.vocab_size = 512;
     model_.limits.set_max_top_logprobs(20);
     model_.limits.set_max_abs_penalty(2);
+    model_.limits.set_max_abs_logit_bias(100);
   }
   absl::StatusOr<PreparedRequest> Prepare(const v1::GenerateRequest& r,
                                           PrepareOptions options = {}) {
@@ -88,6 +90,86 @@ TEST_F(PrepareTest, SessionIdsStopsAndStopIdsAreBounded) {
   r = Request();
   for (int i = 0; i < 257; ++i) r.add_stop_token_ids(1);
   EXPECT_THAT(Prepare(r).status().message(), HasSubstr("stop_token_ids: at most 256"));
+}
+
+// The gRPC door takes constraints and logit_bias as the gateway does, and
+// refuses the same faults with INVALID_ARGUMENT naming the field.
+TEST_F(PrepareTest, ConstraintsAndLogitBiasAreCheckedForTheGrpcDoor) {
+  const std::string tools =
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",)"
+      R"("properties":{"b":{"type":"integer"},"a":{"type":"string"}}}}}])";
+  auto chat = [&](std::string_view tools_json) {
+    v1::GenerateRequest r = Request();
+    v1::ChatMessage* m = r.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("hi");
+    r.mutable_chat()->set_tools(std::string(tools_json));
+    return r;
+  };
+  {
+    v1::GenerateRequest r = Request();
+    r.mutable_constraint()->set_json_schema(
+        R"({"type":"object","properties":{"z":{"type":"integer"}}})");
+    auto p = Prepare(r);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_NE(p->grammar, nullptr);
+    v1::GenerateRequest t = chat(tools);
+    t.mutable_constraint()->set_tool_function("f");
+    p = Prepare(t);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_NE(p->grammar, nullptr);
+  }
+  struct Case {
+    v1::GenerateRequest request;
+    const char* param;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  auto add = [&](v1::GenerateRequest r, const char* param, const char* message) {
+    cases.push_back({std::move(r), param, message});
+  };
+  v1::GenerateRequest r = Request();
+  r.mutable_constraint()->set_json_schema("{");
+  add(r, "constraint.json_schema", "not valid JSON");
+  r.mutable_constraint()->set_json_schema(std::string(200, '[') + std::string(200, ']'));
+  add(r, "constraint.json_schema", "nested deeper");
+  r.mutable_constraint()->set_json_schema(R"({"type":"string","pattern":"a+"})");
+  add(r, "constraint.json_schema.pattern", "");
+  r = Request();
+  r.mutable_constraint()->set_tool_calls(true);
+  add(r, "constraint", "need a chat prompt with tools");
+  r = chat(tools);
+  r.mutable_constraint()->set_tool_function("g");
+  add(r, "constraint.tool_function", "does not declare");
+  r = chat(
+      R"([{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}])");
+  add(r, "tools[1].function.name", "declared twice");
+  r = chat(R"({"type":"function"})");
+  add(r, "tools", "must be an array");
+  r = Request();
+  r.mutable_constraint()->set_json_object(true);
+  r.set_ignore_eos(true);
+  add(r, "ignore_eos", "grammar");
+  r = Request();
+  (*r.mutable_sampling()->mutable_logit_bias())[512] = 1;
+  add(r, "sampling.logit_bias[512]", "outside the vocabulary");
+  r = Request();
+  (*r.mutable_sampling()->mutable_logit_bias())[5] = 100.5;
+  add(r, "sampling.logit_bias[5]", "must be in [-100, 100]");
+  r = Request();
+  (*r.mutable_sampling()->mutable_logit_bias())[5] = std::numeric_limits<float>::quiet_NaN();
+  add(r, "sampling.logit_bias[5]", "must be in");
+  r = Request();
+  for (int i = 0; i <= kMaxLogitBiasTokens; ++i)
+    (*r.mutable_sampling()->mutable_logit_bias())[i % 512 + 512 * (i / 512)] = 1;
+  add(r, "sampling.logit_bias", "at most 1024");
+  for (const Case& c : cases) {
+    auto p = Prepare(c.request);
+    ASSERT_FALSE(p.ok()) << c.param;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.param;
+    EXPECT_EQ(p.status().message().rfind(c.param, 0), 0u) << c.param << ": " << p.status();
+    EXPECT_THAT(p.status().message(), HasSubstr(c.message)) << p.status();
+  }
 }
 
 }  // namespace

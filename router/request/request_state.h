@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ringlane/v1/generate.pb.h"
+#include "router/grammar/grammar.h"
 #include "router/request/loop_watchdog.h"
 #include "router/request/stop_matcher.h"
 #include "router/router_metrics.h"
@@ -48,6 +49,9 @@ struct PreparedRequest {
   // (-1 = the router's limit).
   bool speculative = true;
   int max_drafts = -1;
+  // Grammar-constrained decoding (response_format, tool_choice); null = free
+  // text.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // Wakes one consumer that waits on several ResponseQueues at once (the
@@ -120,6 +124,9 @@ struct Choice {
   std::optional<StopMatcher> matcher;
   // Absent when the watchdog is off for the request.
   std::optional<LoopDetector> loop;
+  // Where the output stands in the request's grammar (constrained requests
+  // only): advanced by every sampled token, read by the planner for masks.
+  std::optional<grammar::Matcher> grammar;
   bool finished = false;
   Clock::time_point first_token;
   Clock::time_point last_token;
@@ -129,6 +136,13 @@ struct RequestState {
   PreparedRequest p;
   std::shared_ptr<ResponseQueue> queue;
   std::optional<StopTokens> stop_tokens;
+  // Constrained requests: the model's masker, the bytes of a mask the
+  // workers take (their vocabulary may be larger than the tokenizer's), and
+  // whether the output's first token renders as the start of a text (a
+  // prompt of BOS alone) rather than after the prompt.
+  std::shared_ptr<const grammar::TokenMasker> masker;
+  size_t mask_bytes = 0;
+  bool output_at_text_start = false;
   std::vector<Choice> choices;
   int choices_left = 0;
   int completion_tokens = 0;

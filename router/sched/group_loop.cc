@@ -108,6 +108,7 @@ absl::Status GroupLoop::Enqueue(std::shared_ptr<RequestState> req) {
   }
   for (int i = 0; i < n; ++i) s_.waiting.push_back({req, i});
   if (req->p.default_temperature) metrics_.requests_default_temperature->Increment();
+  if (req->p.grammar) metrics_.constrained_choices->Increment(static_cast<double>(n));
   UpdateGauges();
   return absl::OkStatus();
 }

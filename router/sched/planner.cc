@@ -1,7 +1,9 @@
 #include "router/sched/planner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -46,7 +48,15 @@ class Planning {
            TokensAfterPlannedRounds(lane.generated_before(), lane.prompt_len, lane.fed);
   }
   void AddPrefill(Lane& lane, int64_t chunk);
-  void AddDecode(Lane& lane, absl::Span<const int32_t> drafts);
+  // `masks`: ConstrainRow's, for a constrained lane.
+  void AddDecode(Lane& lane, absl::Span<const int32_t> drafts, std::vector<std::string> masks);
+  // Grammar-constrained lanes: cuts `drafts` at the first token the grammar
+  // refuses (or a stop token, or one that ends the grammar) and sets
+  // `masks` to one mask per position the row samples, the k-th from the
+  // grammar state after drafts 1..k-1. False when the grammar allows no
+  // token at all (the lane cannot go on).
+  bool ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
+                    std::vector<std::string>* masks) const;
   void Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts);
 
   SchedState& s_;
@@ -88,18 +98,75 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
   out_->rows.push_back(r);
 }
 
+bool Constrained(const Lane& lane) {
+  return lane.req->masker != nullptr && lane.req->choices[lane.choice].grammar.has_value();
+}
+
+bool Planning::ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
+                            std::vector<std::string>* masks) const {
+  const RequestState& req = *lane.req;
+  const Choice& c = req.choices[lane.choice];
+  const grammar::TokenMasker& masker = *req.masker;
+  const auto start = std::chrono::steady_clock::now();
+  struct Observe {
+    const RequestState& req;
+    std::chrono::steady_clock::time_point start;
+    ~Observe() {
+      if (req.metrics) {
+        req.metrics->grammar_mask_s->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+  } observe{req, start};
+  grammar::Matcher m = *c.grammar;
+  bool at_start = c.generated.empty() && req.output_at_text_start;
+  masks->clear();
+  for (size_t k = 0;; ++k) {
+    std::string mask = masker.Mask(m, at_start);
+    mask.resize(req.mask_bytes, '\0');
+    const bool any = std::any_of(mask.begin(), mask.end(), [](char b) { return b != 0; });
+    if (!any) return false;
+    masks->push_back(std::move(mask));
+    if (k == drafts->size()) return true;
+    const int32_t t = (*drafts)[k];
+    const std::string& last = masks->back();
+    const bool allowed = t >= 0 && static_cast<size_t>(t / 8) < last.size() &&
+                         ((static_cast<uint8_t>(last[t / 8]) >> (t % 8)) & 1) != 0;
+    // Past a stop token or the grammar's end nothing is sampled; past a
+    // refused token the draft cannot be accepted.
+    if (!allowed || req.stop_tokens->Check(t) != StopTokens::Kind::kNone ||
+        !masker.Advance(&m, at_start, t) || m.Finished()) {
+      drafts->resize(k);
+      return true;
+    }
+    at_start = false;
+  }
+}
+
 void Planning::AddPrefill(Lane& lane, int64_t chunk) {
+  std::vector<std::string> masks;
+  const bool samples = lane.fed + chunk == lane.prompt_len;
+  if (samples && Constrained(lane)) {
+    std::vector<int32_t> none;
+    if (!ConstrainRow(lane, &none, &masks)) {
+      Drop(lane, absl::InternalError("the output grammar allows no token of the vocabulary here"));
+      return;
+    }
+  }
   out_->prefilled_tokens += chunk;
   v1::LaneStep* row =
       AddPrefillRow(plan_, lane.id, lane.fed,
                     absl::MakeConstSpan(lane.seq.data() + lane.fed, static_cast<size_t>(chunk)),
-                    lane.fed + chunk == lane.prompt_len, *kv_.BlockTable(lane.id), block_size_);
+                    samples, *kv_.BlockTable(lane.id), block_size_);
+  for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
   Account(lane, row, chunk, 0);
 }
 
-void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts) {
+void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts,
+                         std::vector<std::string> masks) {
   v1::LaneStep* row =
       AddDecodeRow(plan_, lane.id, lane.fed, drafts, *kv_.BlockTable(lane.id), block_size_);
+  for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
   Account(lane, row, 1 + static_cast<int64_t>(drafts.size()), static_cast<int64_t>(drafts.size()));
 }
 
@@ -165,8 +232,11 @@ bool Planning::Grow(Lane& lane, size_t index, int64_t positions) {
 
 void Planning::PlanDecodeRows() {
   const bool speculative = drafter_ != nullptr && opt_.max_drafts > 0;
+  // A constrained lane's mask follows from its last token, so it never
+  // pipelines a row behind the one in flight.
   auto wants_row = [&](const Lane& lane) {
-    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify && TokensLeft(lane) > 0;
+    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify && TokensLeft(lane) > 0 &&
+           !(lane.rows_in_flight > 0 && Constrained(lane));
   };
   const int64_t decoders =
       std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
@@ -195,12 +265,23 @@ void Planning::PlanDecodeRows() {
       if (ctx.row_in_flight || ctx.max_drafts <= 0) d.tokens.clear();
       if (static_cast<int>(d.tokens.size()) > ctx.max_drafts) d.tokens.resize(ctx.max_drafts);
     }
+    std::vector<std::string> masks;
+    if (Constrained(lane)) {
+      if (!ConstrainRow(lane, &d.tokens, &masks)) {
+        Drop(lane,
+             absl::InternalError("the output grammar allows no token of the vocabulary here"));
+        continue;
+      }
+    }
     // Drafts are optional: when the pool is short, drop them before
     // preempting anyone for them.
     const int64_t want = lane.fed + 1 + static_cast<int64_t>(d.tokens.size());
-    if (!d.tokens.empty() && !kv_.AppendSlots(lane.id, want).ok()) d.tokens.clear();
+    if (!d.tokens.empty() && !kv_.AppendSlots(lane.id, want).ok()) {
+      d.tokens.clear();
+      if (!masks.empty()) masks.resize(1);
+    }
     if (!Grow(lane, i, lane.fed + 1 + static_cast<int64_t>(d.tokens.size()))) continue;
-    AddDecode(lane, d.tokens);
+    AddDecode(lane, d.tokens, std::move(masks));
     out_->rows.back().decode = true;
     out_->rows.back().draft_source = d.tokens.empty() ? -1 : d.source;
     ++decode_rows_;

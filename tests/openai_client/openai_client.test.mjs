@@ -1,6 +1,7 @@
 // The real `openai` npm client against a running ringlane cluster: chat and
 // completions, streamed and not, with seed, stop, logprobs and n=2; golden
-// greedy text; seed reproducibility; error mapping. run.sh starts the cluster
+// greedy text; seed reproducibility; error mapping; response_format
+// json_schema (validated by ajv) and tools with tool_choice, streamed and not. run.sh starts the cluster
 // and sets RINGLANE_BASE_URL (http://HOST:PORT/v1).
 //
 //   RINGLANE_BASE_URL=http://127.0.0.1:8080/v1 node --test
@@ -8,6 +9,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
+import Ajv from 'ajv';
 import OpenAI from 'openai';
 
 const baseURL = process.env.RINGLANE_BASE_URL;
@@ -292,5 +294,142 @@ test('errors: max_tokens past the context is a 400 naming the context', async ()
       model: MODEL, messages: [{ role: 'user', content: 'x' }], max_tokens: 100000,
     }),
     (e) => e instanceof OpenAI.BadRequestError && /context/.test(e.message),
+  );
+});
+
+// Structured output: the schema bounds its strings, since the bundled
+// 260K-parameter model would not close an unbounded one by itself.
+const PERSON = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', maxLength: 10 },
+    age: { type: 'integer' },
+    pets: { type: 'array', items: { enum: ['cat', 'dog', 'fish'] }, maxItems: 2 },
+  },
+  required: ['name', 'age', 'pets'],
+  additionalProperties: false,
+};
+
+test('response_format json_schema: valid JSON, the same streamed and not', async () => {
+  const validate = new Ajv().compile(PERSON);
+  for (const temperature of [0, 0.9]) {
+    const req = {
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Tell me about Tom.' }],
+      response_format: {
+        type: 'json_schema', json_schema: { name: 'person', schema: PERSON, strict: true },
+      },
+      temperature, seed: 3, max_tokens: 300,
+    };
+    const whole = await client.chat.completions.create(req);
+    const text = whole.choices[0].message.content;
+    assert.equal(whole.choices[0].finish_reason, 'stop', text);
+    const value = JSON.parse(text);
+    assert.ok(validate(value), `${text}: ${JSON.stringify(validate.errors)}`);
+    let streamed = '';
+    for await (const chunk of await client.chat.completions.create({ ...req, stream: true })) {
+      for (const ch of chunk.choices) streamed += ch.delta.content ?? '';
+    }
+    assert.equal(streamed, text);
+  }
+  // json_object leaves strings unbounded, which this model may not close
+  // within max_tokens: then the text is the start of an object.
+  const obj = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Hi' }],
+    response_format: { type: 'json_object' }, max_tokens: 100,
+  });
+  const content = obj.choices[0].message.content;
+  assert.match(content, /^ ?\{/);
+  if (obj.choices[0].finish_reason === 'stop') {
+    assert.equal(typeof JSON.parse(content), 'object');
+  } else {
+    assert.equal(obj.choices[0].finish_reason, 'length');
+  }
+});
+
+const TOOLS = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string', maxLength: 8 }, unit: { enum: ['c', 'f'] } },
+        required: ['city', 'unit'],
+        additionalProperties: false,
+      },
+    },
+  },
+];
+
+test('tools: tool_choice required and a named function give calls, streamed and not', async () => {
+  const validate = new Ajv().compile(TOOLS[0].function.parameters);
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const req = {
+      model: MODEL,
+      messages: [{ role: 'user', content: 'Weather in Paris?' }],
+      // One call: "required" alone allows more, which a small model may
+      // not stop writing. No max_tokens: the tools fill most of the
+      // 512-token context.
+      tools: TOOLS, tool_choice, parallel_tool_calls: false,
+    };
+    const whole = await client.chat.completions.create(req);
+    const msg = whole.choices[0].message;
+    assert.equal(whole.choices[0].finish_reason, 'tool_calls', JSON.stringify(msg));
+    assert.equal(msg.tool_calls.length, 1);
+    for (const call of msg.tool_calls) {
+      assert.equal(call.type, 'function');
+      assert.equal(call.function.name, 'get_weather');
+      assert.ok(validate(JSON.parse(call.function.arguments)), call.function.arguments);
+    }
+    // The stream's deltas add up to the same calls: each call's first delta
+    // carries its id and whole name, the rest append to its arguments.
+    const calls = [];
+    let finish = null;
+    for await (const chunk of await client.chat.completions.create({ ...req, stream: true })) {
+      for (const ch of chunk.choices) {
+        if (ch.finish_reason) finish = ch.finish_reason;
+        for (const d of ch.delta.tool_calls ?? []) {
+          if (d.id) {
+            assert.equal(d.function.name, 'get_weather', 'a name comes whole');
+            calls[d.index] = { id: d.id, name: d.function.name, arguments: '' };
+          }
+          calls[d.index].arguments += d.function.arguments ?? '';
+        }
+      }
+    }
+    assert.equal(finish, 'tool_calls');
+    // Ids are per response; the calls are the same.
+    for (const c of calls) assert.match(c.id, /^call_/);
+    assert.deepEqual(
+      calls.map((c) => ({ name: c.name, arguments: c.arguments })),
+      msg.tool_calls.map((c) => ({ name: c.function.name, arguments: c.function.arguments })),
+    );
+  }
+  // The conversation goes on with the call and its result.
+  const first = await client.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Weather in Paris?' }],
+    tools: TOOLS, tool_choice: 'required', parallel_tool_calls: false,
+  });
+  const call = first.choices[0].message.tool_calls[0];
+  const next = await client.chat.completions.create({
+    model: MODEL,
+    messages: [
+      { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: '{"temp": 21}' },
+    ],
+    tools: TOOLS, max_tokens: 16,
+  });
+  assert.equal(typeof next.choices[0].message.content, 'string');
+});
+
+test('errors: an unknown tool in tool_choice is a 400 naming it', async () => {
+  await assert.rejects(
+    client.chat.completions.create({
+      model: MODEL, messages: [{ role: 'user', content: 'x' }], tools: TOOLS,
+      tool_choice: { type: 'function', function: { name: 'nope' } },
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === 'tool_choice.function.name',
   );
 });

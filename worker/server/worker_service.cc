@@ -83,6 +83,7 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   // request up front instead of learning them from a rejected round.
   info->mutable_limits()->set_max_top_logprobs(kMaxTopLogprobs);
   info->mutable_limits()->set_max_abs_penalty(kMaxAbsPenalty);
+  info->mutable_limits()->set_max_abs_logit_bias(kMaxAbsLogitBias);
   info->set_kvstore_address(kvstore_ != nullptr ? id_.kvstore_address : "");
   info->set_kv_layout_fingerprint(id_.kv_layout_fingerprint);
   GroupMember::State s = group_->state();
