@@ -477,6 +477,7 @@ TEST_F(StructuredOutputApiTest, BadInputIs400NamingTheField) {
     const std::string message =
         j.contains("error") && j["error"]["message"].is_string() ? j["error"]["message"] : "";
     EXPECT_EQ(message.rfind(cs.param, 0), 0u) << cs.param << ": " << message;
+    EXPECT_EQ(j.contains("error") ? j["error"]["param"] : json(), json(cs.param)) << r.body;
   }
   // The router still serves.
   EXPECT_EQ(Whole(*c, ChatBody("hello", {{"max_tokens", 3}})).finish, "length");

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "router/grammar/grammar_internal.h"
+#include "router/request/errors.h"
 
 namespace ringlane::router::grammar {
 namespace {
@@ -49,10 +50,9 @@ const absl::flat_hash_set<std::string>& Supported() {
   return *s;
 }
 
-absl::Status Bad(const std::string& path, std::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": ", absl::string_view(what.data(), what.size())));
-}
+// Names the schema's place as the error's param, as every request field
+// error does.
+absl::Status Bad(const std::string& path, std::string_view what) { return FieldError(path, what); }
 
 class Compiler {
  public:
