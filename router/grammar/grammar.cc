@@ -194,6 +194,22 @@ GrammarBuilder::Rule internal::RuleSet::Comma() {
   return comma;
 }
 
+// Every UTF-8 sequence of 2 to 4 bytes that encodes a scalar value (no
+// overlong forms, no surrogates), as alternatives of `r`.
+void internal::RuleSet::AddMultiByteChars(Rule r) {
+  using internal::Range;
+  const Elem c = S(Range(0x80, 0xbf));
+  ByteSet e_mid = Range(0xe1, 0xec);
+  internal::AddRange(&e_mid, 0xee, 0xef);
+  AddAlt(r, {S(Range(0xc2, 0xdf)), c});
+  AddAlt(r, {S(internal::Byte(0xe0)), S(Range(0xa0, 0xbf)), c});
+  AddAlt(r, {S(e_mid), c, c});
+  AddAlt(r, {S(internal::Byte(0xed)), S(Range(0x80, 0x9f)), c});
+  AddAlt(r, {S(internal::Byte(0xf0)), S(Range(0x90, 0xbf)), c, c});
+  AddAlt(r, {S(Range(0xf1, 0xf3)), c, c, c});
+  AddAlt(r, {S(internal::Byte(0xf4)), S(Range(0x80, 0x8f)), c, c});
+}
+
 // One character of a JSON string's contents: printable ASCII other than
 // '"' and '\\', a valid multi-byte UTF-8 sequence (no overlongs, no
 // surrogates, nothing above U+10FFFF), or an escape. \u escapes name a
@@ -222,25 +238,15 @@ GrammarBuilder::Rule internal::RuleSet::StrChar() {
   for (char c : std::string_view("89abAB")) internal::Add(&high, static_cast<uint8_t>(c));
   ByteSet low{};  // of a low surrogate DC00-DFFF
   for (char c : std::string_view("cdefCDEF")) internal::Add(&low, static_cast<uint8_t>(c));
-  const ByteSet cont = Range(0x80, 0xbf);
-  ByteSet e_mid = Range(0xe1, 0xec);
-  internal::AddRange(&e_mid, 0xee, 0xef);
-
   Rule r = NewRule();
   str_char = r;
-  const Elem bs = Ch('\\'), u = Ch('u'), h = S(hex), c = S(cont);
+  const Elem bs = Ch('\\'), u = Ch('u'), h = S(hex);
   AddAlt(r, {S(ascii)});
   AddAlt(r, {bs, S(simple)});
   AddAlt(r, {bs, u, S(non_d), h, h, h});
   AddAlt(r, {bs, u, S(d), S(Range('0', '7')), h, h});
   AddAlt(r, {bs, u, S(d), S(high), h, h, bs, u, S(d), S(low), h, h});
-  AddAlt(r, {S(Range(0xc2, 0xdf)), c});
-  AddAlt(r, {S(internal::Byte(0xe0)), S(Range(0xa0, 0xbf)), c});
-  AddAlt(r, {S(e_mid), c, c});
-  AddAlt(r, {S(internal::Byte(0xed)), S(Range(0x80, 0x9f)), c});
-  AddAlt(r, {S(internal::Byte(0xf0)), S(Range(0x90, 0xbf)), c, c});
-  AddAlt(r, {S(Range(0xf1, 0xf3)), c, c, c});
-  AddAlt(r, {S(internal::Byte(0xf4)), S(Range(0x80, 0x8f)), c, c});
+  AddMultiByteChars(r);
   return r;
 }
 
@@ -409,19 +415,9 @@ GrammarBuilder::Rule internal::RuleSet::TextUntil(std::string_view term, int min
   ByteSet ascii = Range(0x00, 0x7f);
   const uint8_t first = term.empty() ? 0 : static_cast<uint8_t>(term[0]);
   if (!term.empty() && first < 0x80) ascii[first >> 6] &= ~(uint64_t{1} << (first & 63));
-  const ByteSet cont = Range(0x80, 0xbf);
-  ByteSet e_mid = Range(0xe1, 0xec);
-  internal::AddRange(&e_mid, 0xee, 0xef);
   Rule ch = NewRule();
-  const Elem c = S(cont);
   AddAlt(ch, {S(ascii)});
-  AddAlt(ch, {S(Range(0xc2, 0xdf)), c});
-  AddAlt(ch, {S(internal::Byte(0xe0)), S(Range(0xa0, 0xbf)), c});
-  AddAlt(ch, {S(e_mid), c, c});
-  AddAlt(ch, {S(internal::Byte(0xed)), S(Range(0x80, 0x9f)), c});
-  AddAlt(ch, {S(internal::Byte(0xf0)), S(Range(0x90, 0xbf)), c, c});
-  AddAlt(ch, {S(Range(0xf1, 0xf3)), c, c, c});
-  AddAlt(ch, {S(internal::Byte(0xf4)), S(Range(0x80, 0x8f)), c, c});
+  AddMultiByteChars(ch);
   return Repeat(ch, std::max(min_chars, 0), max_chars);
 }
 

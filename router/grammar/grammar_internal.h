@@ -137,6 +137,7 @@ struct RuleSet {
 
   Rule Ws();
   Rule Comma();
+  void AddMultiByteChars(Rule r);
   Rule StrChar();
   Rule JsonString(int min_chars, int max_chars);
   Rule JsonNumber();
