@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <array>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -41,7 +43,8 @@ namespace {
 
 using internal::MatchState;
 
-// A byte trie of token strings; node 0 is the root.
+// A byte trie of token strings; node 0 is the root. Built node by node,
+// then laid out flat (FlatTrie) for the walks.
 struct Trie {
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> kids;  // sorted by byte
@@ -68,6 +71,46 @@ struct Trie {
   }
 };
 
+// The trie in depth-first preorder, as parallel arrays: a walk is one
+// forward scan that jumps over a refused node's subtree (`end`), so it
+// touches memory in order instead of chasing a pointer per node (the
+// node-by-node walk spent most of a large mask on cache misses).
+struct FlatTrie {
+  std::vector<uint8_t> byte;       // the byte leading into node i (unused for 0)
+  std::vector<int32_t> depth;      // root 0
+  std::vector<int32_t> end;        // one past node i's subtree
+  std::vector<int32_t> tok_begin;  // node i's tokens: toks[tok_begin[i], tok_begin[i + 1])
+  std::vector<int32_t> toks;
+  int32_t max_depth = 0;
+
+  explicit FlatTrie(const Trie& t) {
+    // (trie node, byte, depth); children pushed in reverse to pop in order.
+    std::vector<std::tuple<int32_t, uint8_t, int32_t>> todo{{0, 0, 0}};
+    std::vector<int32_t> open;  // flat indices whose subtree is still being laid out
+    while (!todo.empty()) {
+      auto [node, b, d] = todo.back();
+      todo.pop_back();
+      const int32_t i = static_cast<int32_t>(byte.size());
+      while (!open.empty() && depth[open.back()] >= d) {
+        end[open.back()] = i;
+        open.pop_back();
+      }
+      byte.push_back(b);
+      depth.push_back(d);
+      end.push_back(-1);
+      tok_begin.push_back(static_cast<int32_t>(toks.size()));
+      toks.insert(toks.end(), t.nodes[node].tokens.begin(), t.nodes[node].tokens.end());
+      max_depth = std::max(max_depth, d);
+      open.push_back(i);
+      const auto& kids = t.nodes[node].kids;
+      for (auto it = kids.rbegin(); it != kids.rend(); ++it)
+        todo.emplace_back(it->second, it->first, d + 1);
+    }
+    for (int32_t i : open) end[i] = static_cast<int32_t>(byte.size());
+    tok_begin.push_back(static_cast<int32_t>(toks.size()));
+  }
+};
+
 // One mask computation: the states met while walking the trie, interned,
 // with their byte transitions memoized. Inside a string most bytes lead to
 // the same few states, so most trie nodes cost one table lookup.
@@ -75,22 +118,25 @@ class Walk {
  public:
   Walk(const Grammar& g, const MatchState& start) : g_(g) { Intern(start); }
 
-  void Run(const Trie& trie, const std::vector<bool>* skip, std::string* mask) {
-    // (trie node, state id) pairs still to visit.
-    std::vector<std::pair<int32_t, int32_t>> todo{{0, 0}};
-    while (!todo.empty()) {
-      auto [node, sid] = todo.back();
-      todo.pop_back();
-      const Trie::Node& tn = trie.nodes[node];
-      for (int32_t t : tn.tokens) {
+  void Run(const FlatTrie& trie, const std::vector<bool>* skip, std::string* mask) {
+    // State after the bytes of the path to the node at each depth.
+    std::vector<int32_t> sid_at(static_cast<size_t>(trie.max_depth) + 1, 0);
+    const int32_t n = static_cast<int32_t>(trie.byte.size());
+    for (int32_t i = 1; i < n;) {
+      const int32_t parent = sid_at[trie.depth[i] - 1];
+      const uint8_t b = trie.byte[i];
+      const int32_t sid = internal::Has(next_bytes_[parent], b) ? Next(parent, b) : kDead;
+      if (sid < 0) {
+        i = trie.end[i];
+        continue;
+      }
+      sid_at[trie.depth[i]] = sid;
+      for (int32_t k = trie.tok_begin[i]; k < trie.tok_begin[i + 1]; ++k) {
+        const int32_t t = trie.toks[k];
         if (skip != nullptr && (*skip)[t]) continue;
         (*mask)[t >> 3] |= static_cast<char>(1 << (t & 7));
       }
-      for (const auto& [b, child] : tn.kids) {
-        if (!internal::Has(next_bytes_[sid], b)) continue;
-        const int32_t nsid = Next(sid, b);
-        if (nsid >= 0) todo.push_back({child, nsid});
-      }
+      ++i;
     }
   }
 
@@ -136,7 +182,7 @@ struct TokenMasker::Impl {
   // Tokens whose `first` bytes differ from `mid`: at the start the mid
   // trie skips them and the first trie holds their first bytes.
   std::vector<bool> first_differs;
-  Trie mid_trie, first_trie;
+  std::optional<FlatTrie> mid_trie, first_trie;
 
   // Masks by (state, at_start). Cleared when full: bounded memory, and
   // the result never depends on what is cached.
@@ -162,17 +208,20 @@ TokenMasker::TokenMasker(std::shared_ptr<const TokenVocabulary> vocab,
   }
   m.special.assign(m.size, false);
   m.first_differs.assign(m.size, false);
+  Trie mid, first;
   for (int32_t t = 0; t < m.size; ++t) {
     m.special[t] = t < static_cast<int32_t>(m.vocab->special.size()) && m.vocab->special[t];
     if (m.stop[t] || m.special[t]) continue;
-    const std::string& mid = m.vocab->mid[t];
-    const std::string& first = m.Bytes(t, /*at_start=*/true);
-    if (!mid.empty()) m.mid_trie.Insert(mid, t);
-    if (first != mid) {
+    const std::string& mid_bytes = m.vocab->mid[t];
+    const std::string& first_bytes = m.Bytes(t, /*at_start=*/true);
+    if (!mid_bytes.empty()) mid.Insert(mid_bytes, t);
+    if (first_bytes != mid_bytes) {
       m.first_differs[t] = true;
-      if (!first.empty()) m.first_trie.Insert(first, t);
+      if (!first_bytes.empty()) first.Insert(first_bytes, t);
     }
   }
+  m.mid_trie.emplace(mid);
+  m.first_trie.emplace(first);
 }
 
 TokenMasker::~TokenMasker() = default;
@@ -189,8 +238,8 @@ std::string TokenMasker::Mask(const Matcher& m, bool at_start) const {
   }
   std::string mask((impl_->size + 7) / 8, '\0');
   Walk walk(*m.grammar_, s);
-  walk.Run(impl_->mid_trie, at_start ? &impl_->first_differs : nullptr, &mask);
-  if (at_start) walk.Run(impl_->first_trie, nullptr, &mask);
+  walk.Run(*impl_->mid_trie, at_start ? &impl_->first_differs : nullptr, &mask);
+  if (at_start) walk.Run(*impl_->first_trie, nullptr, &mask);
   if (s.accepting) {
     for (int32_t t = 0; t < impl_->size; ++t) {
       if (impl_->stop[t]) mask[t >> 3] |= static_cast<char>(1 << (t & 7));
