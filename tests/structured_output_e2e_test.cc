@@ -251,6 +251,49 @@ TEST(StructuredOutputE2eTest, SchemasValidateStreamedAndNotWithSpeculationOnAndO
   std::printf("%d of %zu outputs valid\n", valid, outputs[0].size() * 2);
 }
 
+// A constrained lane preempted for KV blocks restarts with what it
+// generated as prompt and its grammar where it was: the same outputs as
+// one at a time.
+TEST(StructuredOutputE2eTest, PreemptedConstrainedLanesGiveTheSoloOutput) {
+  testing::ClusterOptions co;
+  co.ready = testing::ClusterOptions::Ready::kHttp;
+  co.worker_flags = {"--kv_blocks=30", "--block_size=16"};
+  auto cluster = testing::StartCluster(co);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<json> bodies;
+  for (size_t si : {size_t{0}, size_t{2}, size_t{3}}) {
+    for (const char* prompt : kPrompts) {
+      for (int sampled = 0; sampled < 2; ++sampled) {
+        json extra = {{"response_format",
+                       {{"type", "json_schema"},
+                        {"json_schema", {{"name", "s"}, {"schema", Schemas()[si]}}}}}};
+        if (sampled) {
+          extra["temperature"] = 0.8;
+          extra["seed"] = 11;
+        }
+        bodies.push_back(ChatBody(prompt, extra));
+      }
+    }
+  }
+  std::vector<Output> solo;
+  for (const json& b : bodies) solo.push_back(Whole(*cluster->Client(), b));
+  std::vector<Output> together(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { together[i] = Whole(*cluster->Client(), bodies[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    ExpectSame(solo[i], together[i], absl::StrCat("case ", i, ": preempted vs solo"));
+    EXPECT_EQ(solo[i].finish, "stop") << solo[i].text;
+  }
+  auto metrics = testing::GetOnce(cluster->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  const double preemptions = testing::Metric(metrics->body, "ringlane_preemptions_total");
+  std::printf("constrained lanes: %.0f preemptions\n", preemptions);
+  EXPECT_GT(preemptions, 0) << "the pool never ran short: preemption was not tested";
+}
+
 class StructuredOutputApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
