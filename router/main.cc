@@ -8,6 +8,7 @@
 // from the workers, so the only model file it needs is the tokenizer, named
 // by --tokenizer (a file, or a model directory to search as LoadTokenizer
 // does).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -52,6 +54,9 @@ ABSL_FLAG(std::string, seed_policy, "derived",
 ABSL_FLAG(int, max_waiting, 256,
           "choices waiting for a lane per group; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_lanes, 32, "lanes running at once per group");
+ABSL_FLAG(int, mask_threads, 0,
+          "threads computing the token masks of grammar-constrained rows (response_format, "
+          "tool_choice), the planning thread included; 0 = half the cores, at most 8");
 ABSL_FLAG(int, round_token_budget, 512, "tokens fed per round (decode rows plus prefill chunks)");
 ABSL_FLAG(double, itl_target_ms, 50,
           "target inter-token latency of decoding lanes while prompts prefill; 0 = none");
@@ -239,6 +244,7 @@ int main(int argc, char** argv) {
       Range("max_waiting", absl::GetFlag(FLAGS_max_waiting), 1),
       Range("round_token_budget", absl::GetFlag(FLAGS_round_token_budget), 2),
       Range("max_lanes", absl::GetFlag(FLAGS_max_lanes), 1),
+      Range("mask_threads", absl::GetFlag(FLAGS_mask_threads), 0, 256),
       Range("itl_target_ms", absl::GetFlag(FLAGS_itl_target_ms), 0),
       Range("min_prefill_chunk", absl::GetFlag(FLAGS_min_prefill_chunk), 1),
       Range("max_choices", absl::GetFlag(FLAGS_max_choices), 1),
@@ -300,6 +306,10 @@ int main(int argc, char** argv) {
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.round_token_budget = absl::GetFlag(FLAGS_round_token_budget);
   o.max_lanes = absl::GetFlag(FLAGS_max_lanes);
+  o.mask_threads = absl::GetFlag(FLAGS_mask_threads);
+  if (o.mask_threads == 0) {
+    o.mask_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  }
   // The one bound that depends on another flag: decode rows of every lane
   // must leave a round's budget room for prefill.
   if (o.max_lanes >= o.round_token_budget) {

@@ -81,6 +81,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
                  << ", up to " << so.max_drafts << " drafts per step"
                  << (so.adaptive ? ", adaptive depth" : ", fixed depth");
   }
+  if (r->options_.mask_threads > 1) {
+    r->mask_pool_ = std::make_unique<TaskPool>(r->options_.mask_threads);
+  }
   for (size_t i = 0; i < r->options_.groups.size(); ++i) {
     GroupLoopOptions g;
     g.index = i;
@@ -90,7 +93,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
                  .min_prefill_chunk = r->options_.min_prefill_chunk,
                  .max_lanes = r->options_.max_lanes,
                  .max_drafts = speculative ? r->options_.speculation.max_drafts : 0,
-                 .group_index = i};
+                 .group_index = i,
+                 .mask_pool = r->mask_pool_.get()};
     g.max_waiting = r->options_.max_waiting;
     g.pipeline_depth = r->options_.pipeline_depth;
     g.connect_timeout = r->options_.connect_timeout;

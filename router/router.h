@@ -37,6 +37,7 @@
 #include "router/router_metrics.h"
 #include "router/sched/group_loop.h"
 #include "router/sched/kv_tiering.h"
+#include "router/sched/task_pool.h"
 #include "router/spec/speculator.h"
 #include "router/tokenizer/tokenizer.h"
 
@@ -54,6 +55,9 @@ struct RouterOptions {
   int max_waiting = 256;
   // Lanes running at once per group (< round_token_budget).
   int max_lanes = 32;
+  // Threads that compute the token masks of grammar-constrained rows, the
+  // planning thread included (1 = that thread alone).
+  int mask_threads = 1;
   // Tokens fed per round, decode rows and prefill chunks together.
   int round_token_budget = 512;
   // Target inter-token latency of decoding lanes while prompts prefill; 0 =
@@ -156,6 +160,9 @@ class Router {
   // the global suffix cache is the model's, shared by every group.
   std::shared_ptr<SuffixCache> suffix_cache_;
   std::vector<std::unique_ptr<Speculator>> speculators_;
+  // Shared by every group's planner (their mask loops take turns); outlives
+  // the groups.
+  std::unique_ptr<TaskPool> mask_pool_;
   std::vector<std::unique_ptr<GroupLoop>> groups_;
 
   mutable absl::Mutex mu_;

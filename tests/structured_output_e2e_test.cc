@@ -183,9 +183,12 @@ TEST(StructuredOutputE2eTest, SchemasValidateStreamedAndNotWithSpeculationOnAndO
     SCOPED_TRACE(spec ? "speculation on" : "speculation off");
     testing::ClusterOptions co;
     co.ready = testing::ClusterOptions::Ready::kHttp;
+    if (!spec) co.router_flags = {"--mask_threads=1"};
     if (spec) {
+      // Masks side by side on 3 threads here, one after another without
+      // speculation: the outputs compared below must not differ.
       co.router_flags = {"--spec_drafters=ngram,suffix", "--spec_adaptive=false",
-                         "--spec_max_drafts=4"};
+                         "--spec_max_drafts=4", "--mask_threads=3"};
     }
     auto cluster = testing::StartCluster(co);
     ASSERT_NE(cluster, nullptr);

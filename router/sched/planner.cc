@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "router/client/round_builder.h"
+#include "router/sched/task_pool.h"
 #include "services/log.h"
 
 namespace ringlane::router {
@@ -57,6 +59,7 @@ class Planning {
   // token at all (the lane cannot go on).
   bool ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
                     std::vector<std::string>* masks) const;
+  void PrefetchMasks(const std::function<bool(const Lane&)>& wants_row);
   void Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts);
 
   SchedState& s_;
@@ -118,29 +121,59 @@ bool Planning::ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
       }
     }
   } observe{req, start};
-  grammar::Matcher m = *c.grammar;
-  bool at_start = c.generated.empty() && req.output_at_text_start;
-  masks->clear();
-  for (size_t k = 0;; ++k) {
-    std::string mask = masker.Mask(m, at_start);
-    mask.resize(req.mask_bytes, '\0');
-    const bool any = std::any_of(mask.begin(), mask.end(), [](char b) { return b != 0; });
-    if (!any) return false;
-    masks->push_back(std::move(mask));
-    if (k == drafts->size()) return true;
+  // The matcher before each sampled position: drafts are cut first, by
+  // the grammar alone (Allows agrees with the mask bit by bit), so the
+  // masks, the costly part, can then be computed side by side.
+  const bool first_at_start = c.generated.empty() && req.output_at_text_start;
+  std::vector<grammar::Matcher> before{*c.grammar};
+  for (size_t k = 0; k < drafts->size(); ++k) {
     const int32_t t = (*drafts)[k];
-    const std::string& last = masks->back();
-    const bool allowed = t >= 0 && static_cast<size_t>(t / 8) < last.size() &&
-                         ((static_cast<uint8_t>(last[t / 8]) >> (t % 8)) & 1) != 0;
+    grammar::Matcher next = before.back();
     // Past a stop token or the grammar's end nothing is sampled; past a
     // refused token the draft cannot be accepted.
-    if (!allowed || req.stop_tokens->Check(t) != StopTokens::Kind::kNone ||
-        !masker.Advance(&m, at_start, t) || m.Finished()) {
-      drafts->resize(k);
-      return true;
+    if (req.stop_tokens->Check(t) != StopTokens::Kind::kNone ||
+        !masker.Advance(&next, k == 0 && first_at_start, t) || next.Finished()) {
+      break;
     }
-    at_start = false;
+    before.push_back(std::move(next));
   }
+  masks->assign(before.size(), std::string());
+  auto compute = [&](size_t k) {
+    std::string mask = masker.Mask(before[k], k == 0 && first_at_start);
+    mask.resize(req.mask_bytes, '\0');
+    (*masks)[k] = std::move(mask);
+  };
+  if (opt_.mask_pool != nullptr) {
+    opt_.mask_pool->ParallelFor(before.size(), compute);
+  } else {
+    for (size_t k = 0; k < before.size(); ++k) compute(k);
+  }
+  // A position where no token may come ends the row before it (drafts
+  // that lead there cannot be accepted); at the first, the lane cannot go on.
+  size_t keep = 0;
+  while (keep < masks->size() &&
+         std::any_of((*masks)[keep].begin(), (*masks)[keep].end(), [](char b) { return b != 0; })) {
+    ++keep;
+  }
+  if (keep == 0) return false;
+  masks->resize(keep);
+  drafts->resize(keep - 1);
+  return true;
+}
+
+// Masks of the constrained lanes' next positions, computed side by side
+// into the masker's cache before the rows are planned one by one.
+void Planning::PrefetchMasks(const std::function<bool(const Lane&)>& wants_row) {
+  if (opt_.mask_pool == nullptr || opt_.mask_pool->threads() < 2) return;
+  std::vector<const Lane*> lanes;
+  for (const auto& l : s_.lanes) {
+    if (Constrained(*l) && wants_row(*l)) lanes.push_back(l.get());
+  }
+  opt_.mask_pool->ParallelFor(lanes.size(), [&](size_t i) {
+    const RequestState& req = *lanes[i]->req;
+    const Choice& c = req.choices[lanes[i]->choice];
+    req.masker->Mask(*c.grammar, c.generated.empty() && req.output_at_text_start);
+  });
 }
 
 void Planning::AddPrefill(Lane& lane, int64_t chunk) {
@@ -238,6 +271,7 @@ void Planning::PlanDecodeRows() {
     return !lane.gone && !lane.prefilling() && !lane.awaiting_verify && TokensLeft(lane) > 0 &&
            !(lane.rows_in_flight > 0 && Constrained(lane));
   };
+  PrefetchMasks(wants_row);
   const int64_t decoders =
       std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
   int64_t decoders_left = decoders;

@@ -1,7 +1,8 @@
 // The round planner: what the next round of one worker group feeds. A pure
 // function of (lanes, ledger, cost model, options, drafter) to a RoundPlan:
-// no I/O, no clock, no threads; the group loop calls it under its mutex and
-// the planner tests call it over a fake worker group.
+// no I/O, and no clock or thread that changes what it plans (masks may run
+// on options.mask_pool; their time goes to a metric); the group loop calls
+// it under its mutex and the planner tests call it over a fake worker group.
 //
 // A plan, in order:
 // - release rows of lanes that finished (pending_release) or whose request
@@ -32,6 +33,7 @@
 #include "router/kv/kv_block_manager.h"
 #include "router/sched/lane.h"
 #include "router/sched/scheduler.h"
+#include "router/sched/task_pool.h"
 
 namespace ringlane::router {
 
@@ -94,6 +96,9 @@ struct PlannerOptions {
   int max_drafts = 0;
   // For messages: which group this is.
   size_t group_index = 0;
+  // Runs the token masks of grammar-constrained rows side by side; null:
+  // one after another on the planning thread. The plan is the same.
+  TaskPool* mask_pool = nullptr;
 };
 
 // One lane's row in a planned round, for the applier.
