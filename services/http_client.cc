@@ -186,6 +186,11 @@ struct HttpClient::Impl {
   absl::StatusOr<HttpResponse> Exchange(const HttpRequestSpec& spec,
                                         const std::function<bool(std::string_view)>* on_data,
                                         absl::Duration timeout);
+  // One try on the open connection; `unanswered`: it failed because the
+  // peer closed before a byte of the response came.
+  absl::StatusOr<HttpResponse> Attempt(const HttpRequestSpec& spec,
+                                       const std::function<bool(std::string_view)>* on_data,
+                                       SteadyTime deadline, bool* unanswered);
 
   const std::string host;
   const int port;
@@ -196,16 +201,45 @@ struct HttpClient::Impl {
   bool open = false;
   // No exchange has run on this connection yet.
   bool fresh = false;
+  int64_t retries = 0;
 };
+
+// The peer closed or reset the connection.
+bool PeerClosed(beast::error_code ec) {
+  return ec == http::error::end_of_stream || ec == net::error::eof ||
+         ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::error::connection_aborted;
+}
 
 absl::StatusOr<HttpResponse> HttpClient::Impl::Exchange(
     const HttpRequestSpec& spec, const std::function<bool(std::string_view)>* on_data,
     absl::Duration timeout) {
   const SteadyTime deadline = DeadlineAfter(timeout);
+  bool reused = false;
   if (Stale()) {
     if (absl::Status s = Open(deadline); !s.ok()) return s;
+  } else {
+    reused = !fresh;
   }
   fresh = false;
+  bool unanswered = false;
+  absl::StatusOr<HttpResponse> r = Attempt(spec, on_data, deadline, &unanswered);
+  if (r.ok() || !reused || !unanswered) return r;
+  // A server may close an idle kept-alive connection just as a request goes
+  // out on it (the poll in Stale() saw nothing yet). It closed without
+  // reading the request, so sending it once more on a new connection cannot
+  // run it twice; a connection that was fresh, or a response begun, is
+  // never retried.
+  ++retries;
+  if (absl::Status s = Open(deadline); !s.ok()) return s;
+  fresh = false;
+  return Attempt(spec, on_data, deadline, &unanswered);
+}
+
+absl::StatusOr<HttpResponse> HttpClient::Impl::Attempt(
+    const HttpRequestSpec& spec, const std::function<bool(std::string_view)>* on_data,
+    SteadyTime deadline, bool* unanswered) {
+  *unanswered = false;
 
   http::request<http::string_body> req;
   const http::verb verb = http::string_to_verb(spec.method);
@@ -228,6 +262,7 @@ absl::StatusOr<HttpResponse> HttpClient::Impl::Exchange(
   beast::error_code ec =
       Run([&](auto handler) { http::async_write(stream, req, std::move(handler)); });
   if (ec) {
+    *unanswered = PeerClosed(ec);
     Close();
     return FromError(ec, "send request");
   }
@@ -248,6 +283,7 @@ absl::StatusOr<HttpResponse> HttpClient::Impl::Exchange(
         [&](auto handler) { http::async_read_some(stream, buffer, parser, std::move(handler)); });
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
+      *unanswered = !parser.got_some() && PeerClosed(ec);
       Close();
       return FromError(ec, "read response");
     }
@@ -293,6 +329,8 @@ absl::StatusOr<HttpResponse> HttpClient::Stream(
     absl::Duration timeout) {
   return impl_->Exchange(request, &on_data, timeout);
 }
+
+int64_t HttpClient::retries() const { return impl_->retries; }
 
 void HttpClient::Close() {
   if (impl_ != nullptr) impl_->Close();

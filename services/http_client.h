@@ -6,6 +6,7 @@
 #ifndef RINGLANE_SERVICES_HTTP_CLIENT_H_
 #define RINGLANE_SERVICES_HTTP_CLIENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,7 +58,8 @@ class HttpClient {
 
   // Sends one request and reads the whole response. Unavailable when the
   // connection fails or closes, DeadlineExceeded past `timeout`. Reconnects
-  // first when the server closed the previous keep-alive connection.
+  // first when the server closed the previous keep-alive connection, and
+  // once more when it closes it as the request goes out (see retries()).
   absl::StatusOr<HttpResponse> Send(const HttpRequestSpec& request, absl::Duration timeout);
 
   // Like Send, but calls on_data with each piece of the body as it is read
@@ -68,6 +70,11 @@ class HttpClient {
   absl::StatusOr<HttpResponse> Stream(const HttpRequestSpec& request,
                                       const std::function<bool(std::string_view data)>& on_data,
                                       absl::Duration timeout);
+
+  // Requests sent a second time, on a new connection, because the server
+  // closed the kept-alive one under them before answering (once each; a
+  // fresh connection or a begun response is never retried).
+  int64_t retries() const;
 
   void Close();
 

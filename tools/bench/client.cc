@@ -140,9 +140,11 @@ void ApiClient::Complete(const RequestSpec& spec, RequestSample* sample) {
     }
     return true;
   };
+  const int64_t retries_before = (*conn)->retries();
   absl::StatusOr<services::HttpResponse> resp =
       (*conn)->Stream(req, on_data, server_.request_timeout);
   const double t_end = since_ms();
+  sample->retried = (*conn)->retries() > retries_before;
   if (!resp.ok()) {
     // A broken or timed-out exchange leaves the connection unusable.
     conn_.reset();

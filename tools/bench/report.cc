@@ -337,7 +337,9 @@ std::string RenderMarkdown(const RunResult& run, const std::vector<GroupStats>& 
   // Every discrepancy by name: a mismatch is reported, never averaged away.
   std::vector<std::string> flags;
   std::map<std::string, int64_t> errors;
+  int64_t retried = 0;
   for (const RequestSample& s : run.samples) {
+    retried += s.retried;
     if (!s.ok()) {
       ++errors[s.error.substr(0, 160)];
       continue;
@@ -377,6 +379,13 @@ std::string RenderMarkdown(const RunResult& run, const std::vector<GroupStats>& 
                                      ", the responses' usage adds up to ", client));
       }
     }
+  }
+  if (retried > 0) {
+    // Not an error: the server closed an idle kept-alive connection as the
+    // request went out, and the client sent it again on a new one.
+    flags.push_back(absl::StrCat(retried,
+                                 " request(s) were retried once on a new connection: the "
+                                 "server closed the kept-alive one unanswered"));
   }
   if (!flags.empty() || !errors.empty()) {
     absl::StrAppend(&md, "\n## Flags\n\n");
@@ -498,6 +507,7 @@ std::string RenderJson(const RunResult& run, const std::vector<GroupStats>& grou
                        {"http_status", s.http_status},
                        {"error", s.error},
                        {"connection_failed", s.connection_failed},
+                       {"retried", s.retried},
                        {"streamed", s.streamed},
                        {"done_marker", s.done_marker},
                        {"finish_reason", s.finish_reason},

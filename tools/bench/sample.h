@@ -74,6 +74,10 @@ struct RequestSample {
   // The server could not be reached: nothing was sent or nothing came back
   // (for outage counting; error says more).
   bool connection_failed = false;
+  // The request went out a second time, on a new connection, because the
+  // server closed the kept-alive one under it unanswered
+  // (services::HttpClient::retries()); counted in the report.
+  bool retried = false;
   bool streamed = false;  // the response was an event stream
   bool done_marker = false;
   std::string finish_reason;
