@@ -166,6 +166,17 @@ Output Streamed(services::HttpClient& c, json body) {
   return o;
 }
 
+// Every body sent at once, each on its own connection.
+std::vector<Output> AllAtOnce(testing::Cluster& cluster, const std::vector<json>& bodies) {
+  std::vector<Output> out(bodies.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = Whole(*cluster.Client(), bodies[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 void ExpectSame(const Output& want, const Output& got, const std::string& what) {
   EXPECT_EQ(got.text, want.text) << what;
   EXPECT_EQ(got.finish, want.finish) << what;
@@ -224,12 +235,7 @@ TEST(StructuredOutputE2eTest, SchemasValidateStreamedAndNotWithSpeculationOnAndO
     }
     // All at once, each lane's masks beside the others': the same outputs
     // (batch invariance holds for constrained rows too).
-    std::vector<Output> together(bodies.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < bodies.size(); ++i) {
-      threads.emplace_back([&, i] { together[i] = Whole(*cluster->Client(), bodies[i]); });
-    }
-    for (std::thread& t : threads) t.join();
+    const std::vector<Output> together = AllAtOnce(*cluster, bodies);
     for (size_t i = 0; i < bodies.size(); ++i) {
       ExpectSame(outputs[spec][i], together[i], absl::StrCat("case ", i, ": concurrent vs solo"));
     }
@@ -280,12 +286,7 @@ TEST(StructuredOutputE2eTest, PreemptedConstrainedLanesGiveTheSoloOutput) {
   }
   std::vector<Output> solo;
   for (const json& b : bodies) solo.push_back(Whole(*cluster->Client(), b));
-  std::vector<Output> together(bodies.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    threads.emplace_back([&, i] { together[i] = Whole(*cluster->Client(), bodies[i]); });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<Output> together = AllAtOnce(*cluster, bodies);
   for (size_t i = 0; i < bodies.size(); ++i) {
     ExpectSame(solo[i], together[i], absl::StrCat("case ", i, ": preempted vs solo"));
     EXPECT_EQ(solo[i].finish, "stop") << solo[i].text;

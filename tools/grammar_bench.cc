@@ -12,43 +12,21 @@
 #include <benchmark/benchmark.h>
 
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "nlohmann/json.hpp"
 #include "router/grammar/grammar.h"
+#include "router/grammar/synthetic_vocabulary.h"
 #include "router/sched/task_pool.h"
 
 namespace {
 
 namespace rg = ringlane::router::grammar;
 
-std::shared_ptr<const rg::TokenVocabulary> Vocab(int size) {
-  std::mt19937 rng(7);
-  auto v = std::make_shared<rg::TokenVocabulary>();
-  const char* pieces[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xe4\xb8\xad"};
-  for (char c = 0x20; c < 0x7f; ++c) v->mid.push_back(std::string(1, c));
-  while (static_cast<int>(v->mid.size()) < size) {
-    std::string s;
-    const int len = 1 + rng() % 8;
-    for (int i = 0; i < len; ++i) {
-      if (rng() % 10 == 0) {
-        s += pieces[rng() % 4];
-      } else {
-        s.push_back(static_cast<char>(0x20 + rng() % 95));
-      }
-    }
-    v->mid.push_back(s);
-  }
-  v->first = v->mid;
-  v->special.assign(v->mid.size(), false);
-  return v;
-}
-
 // args: vocabulary size, lanes (masks per round), threads.
 void BM_Masks(benchmark::State& state) {
-  const auto vocab = Vocab(static_cast<int>(state.range(0)));
+  const auto vocab = rg::SyntheticVocabulary(static_cast<int>(state.range(0)));
   const rg::TokenMasker masker(vocab, {});
   auto g = rg::JsonSchemaGrammar(
       nlohmann::ordered_json::parse(R"({"type": "string", "maxLength": 4096})"), "schema");

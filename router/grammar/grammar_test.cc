@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/grammar/synthetic_vocabulary.h"
 #include "router/tokenizer/tokenizer.h"
 
 namespace ringlane::router::grammar {
@@ -365,25 +366,7 @@ TEST(TokenMaskerTest, BundledTokenizer) {
 // A synthetic 32k vocabulary of random ASCII and UTF-8 pieces, to measure
 // (not assert) mask time at a realistic size.
 TEST(TokenMaskerTest, Synthetic32kVocabulary) {
-  std::mt19937 rng(7);
-  auto v = std::make_shared<TokenVocabulary>();
-  const char* pieces[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xe4\xb8\xad"};
-  for (int t = 0; t < 32000; ++t) {
-    std::string s;
-    const int len = 1 + rng() % 8;
-    for (int i = 0; i < len; ++i) {
-      if (rng() % 10 == 0) {
-        s += pieces[rng() % 4];
-      } else {
-        s.push_back(static_cast<char>(0x20 + rng() % 95));
-      }
-    }
-    v->mid.push_back(s);
-  }
-  // Every printable ASCII byte too, so no walk is stuck for want of a token.
-  for (char c = 0x20; c < 0x7f; ++c) v->mid.insert(v->mid.end() - 1, std::string(1, c));
-  v->first = v->mid;
-  v->special.assign(v->mid.size(), false);
+  auto v = SyntheticVocabulary(32000);
   TokenMasker masker(v, {});
   auto g = SchemaGrammar(kPerson);
   Matcher m(g);
