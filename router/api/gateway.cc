@@ -391,9 +391,10 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
     output->format = tmpl.tool_format();
     output->reasoning = tmpl.reasoning();
     if (tools_on) {
-      for (const json& t : parsed->tools) {
-        const json& fn = t["function"];
-        output->tool_parameters[fn["name"].get<std::string>()] = fn.value("parameters", json());
+      for (const auto& t : parsed->tools) {
+        const auto& fn = t["function"];
+        output->tool_parameters[fn["name"].get<std::string>()] =
+            json(fn.value("parameters", nlohmann::ordered_json()));
       }
     }
   }

@@ -407,8 +407,8 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
   bool has_prompt = false;
   std::vector<v1::GenerateRequest> prompts;
   bool have_max_tokens = false;
-  json logprobs_value;  // read after the loop: its meaning depends on the endpoint
-  json tools_value;
+  json logprobs_value;       // read after the loop: its meaning depends on the endpoint
+  bool tools_given = false;  // read from the body's text after the loop
   json top_logprobs_value;
 
   for (const auto& item : j.items()) {
@@ -555,7 +555,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
       st = ParseLogitBias(v, limits, s);
     } else if (chat && key == "tools") {
       if (!v.is_array()) return WrongType(key, "an array", v);
-      tools_value = v;
+      tools_given = !v.empty();
     } else if (chat && key == "tool_choice") {
       st = ParseToolChoice(v, &p);
     } else if (chat && key == "parallel_tool_calls") {
@@ -591,7 +591,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
                                              absl::StrJoin(unknown, ", ")));
   }
   if (!has_prompt) return Bad(chat ? "messages" : "prompt", "required");
-  if (!tools_value.is_null() && !tools_value.empty()) {
+  if (tools_given) {
     // From the body's text: the template shows each schema as written.
     std::optional<std::string_view> raw = MemberText(body, "tools");
     if (!raw) return Bad("tools", "could not be read");
@@ -602,9 +602,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
     for (v1::GenerateRequest& r : prompts) r.mutable_chat()->set_tools(text);
   }
   if (p.tool_choice != "auto" && p.tool_choice != "none" && p.tools.is_null()) {
-    return Bad("tool_choice",
-               absl::StrCat("\"", p.tool_choice == "function" ? "function" : p.tool_choice,
-                            "\" needs tools"));
+    return Bad("tool_choice", absl::StrCat("\"", p.tool_choice, "\" needs tools"));
   }
   if (p.tool_choice == "function") {
     bool found = false;

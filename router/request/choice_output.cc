@@ -79,7 +79,7 @@ bool OnSampledToken(RequestState& req, int choice, const v1::SampledToken& t,
   // follow, the mask would allow only stop tokens, so the sample is known.
   bool grammar_done = false;
   if (c.grammar && req.masker && kind == StopTokens::Kind::kNone) {
-    const bool at_start = c.generated.empty() && req.output_at_text_start;
+    const bool at_start = req.NextTokenAtTextStart(c);
     if (!req.masker->Advance(&*c.grammar, at_start, t.token_id())) {
       // The workers sampled under this grammar's mask: a refusal here means
       // the masks and the matcher disagree.

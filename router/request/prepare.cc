@@ -110,8 +110,27 @@ absl::StatusOr<nlohmann::ordered_json> ParseTools(std::string_view tools_json) {
   return std::move(tools);
 }
 
+namespace {
+
+// The chat's tools parsed, nullopt when it has none.
+absl::StatusOr<std::optional<nlohmann::ordered_json>> ChatTools(const v1::ChatMessages& chat) {
+  if (chat.tools().empty()) return std::nullopt;
+  absl::StatusOr<nlohmann::ordered_json> tools = ParseTools(chat.tools());
+  if (!tools.ok()) return tools.status();
+  return std::optional<nlohmann::ordered_json>(*std::move(tools));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
     const v1::ChatMessages& chat) const {
+  absl::StatusOr<std::optional<nlohmann::ordered_json>> tools = ChatTools(chat);
+  if (!tools.ok()) return tools.status();
+  return EncodeChat(chat, *tools ? &**tools : nullptr);
+}
+
+absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
+    const v1::ChatMessages& chat, const nlohmann::ordered_json* tools) const {
   std::vector<ChatMessage> messages;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
@@ -132,14 +151,7 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
   }
   // Ordered: the template writes the tools' JSON with keys as the client
   // gave them.
-  std::optional<nlohmann::ordered_json> tools;
-  if (!chat.tools().empty()) {
-    absl::StatusOr<nlohmann::ordered_json> parsed = ParseTools(chat.tools());
-    if (!parsed.ok()) return parsed.status();
-    tools = *std::move(parsed);
-  }
-  absl::StatusOr<std::string> text =
-      chat_template_->Render(messages, true, tools ? &*tools : nullptr);
+  absl::StatusOr<std::string> text = chat_template_->Render(messages, true, tools);
   if (!text.ok()) {
     // The template names the field itself ("messages[2].tool_calls[0]...:
     // why") when the fault is in one; keep that as the error's field.
@@ -160,7 +172,7 @@ absl::StatusOr<std::vector<int32_t>> RequestPreparer::EncodeChat(
 }
 
 absl::StatusOr<std::shared_ptr<const grammar::Grammar>> RequestPreparer::CompileConstraint(
-    const v1::GenerateRequest& request) const {
+    const v1::GenerateRequest& request, const nlohmann::ordered_json* tools) const {
   const v1::OutputConstraint& c = request.constraint();
   switch (c.kind_case()) {
     case v1::OutputConstraint::kJsonObject: {
@@ -181,11 +193,8 @@ absl::StatusOr<std::shared_ptr<const grammar::Grammar>> RequestPreparer::Compile
     case v1::OutputConstraint::kToolCalls:
     case v1::OutputConstraint::kToolFunction: {
       if (c.kind_case() == v1::OutputConstraint::kToolCalls && !c.tool_calls()) break;
-      if (request.prompt_case() != v1::GenerateRequest::kChat || request.chat().tools().empty()) {
+      if (tools == nullptr)
         return Invalid("constraint", "tool calls need a chat prompt with tools");
-      }
-      absl::StatusOr<nlohmann::ordered_json> tools = ParseTools(request.chat().tools());
-      if (!tools.ok()) return tools.status();
       return ToolCallGrammar(chat_template_->tool_format(), *tools, c.tool_function(),
                              c.single_tool_call());
     }
@@ -222,6 +231,13 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
     return UnknownModelError(request.model(), m->model_id);
   }
   PreparedRequest p;
+  // Parsed once for the template and the tool-call grammar.
+  std::optional<nlohmann::ordered_json> tools;
+  if (request.prompt_case() == v1::GenerateRequest::kChat) {
+    absl::StatusOr<std::optional<nlohmann::ordered_json>> t = ChatTools(request.chat());
+    if (!t.ok()) return t.status();
+    tools = *std::move(t);
+  }
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kTokenIds: {
       const auto& ids = request.token_ids().ids();
@@ -236,7 +252,7 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
       break;
     }
     case v1::GenerateRequest::kChat: {
-      auto ids = EncodeChat(request.chat());
+      auto ids = EncodeChat(request.chat(), tools ? &*tools : nullptr);
       if (!ids.ok()) return ids.status();
       p.prompt = std::move(*ids);
       break;
@@ -370,7 +386,8 @@ absl::StatusOr<PreparedRequest> RequestPreparer::Prepare(const v1::GenerateReque
     }
   }
   if (request.has_constraint()) {
-    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g = CompileConstraint(request);
+    absl::StatusOr<std::shared_ptr<const grammar::Grammar>> g =
+        CompileConstraint(request, tools ? &*tools : nullptr);
     if (!g.ok()) return g.status();
     p.grammar = *std::move(g);
     if (request.ignore_eos()) {

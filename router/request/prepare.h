@@ -83,14 +83,18 @@ class RequestPreparer {
   absl::StatusOr<PreparedRequest> Prepare(const ringlane::v1::GenerateRequest& request,
                                           const ModelDescription& model) const;
   absl::StatusOr<std::vector<int32_t>> EncodeChat(const ringlane::v1::ChatMessages& chat) const;
-  // The grammar of request.constraint(); InvalidArgument naming the field.
+  // The grammar of request.constraint(); `tools`: the chat's tools as
+  // ParseTools gave them (null without). InvalidArgument naming the field.
   absl::StatusOr<std::shared_ptr<const grammar::Grammar>> CompileConstraint(
-      const ringlane::v1::GenerateRequest& request) const;
+      const ringlane::v1::GenerateRequest& request, const nlohmann::ordered_json* tools) const;
   // `model` is null before any group connected (then any model id passes).
   absl::StatusOr<ringlane::v1::TokenizeResponse> Tokenize(
       const ringlane::v1::TokenizeRequest& request, const ModelDescription* model) const;
 
  private:
+  // `tools`: chat.tools() parsed once by the caller (null without).
+  absl::StatusOr<std::vector<int32_t>> EncodeChat(const ringlane::v1::ChatMessages& chat,
+                                                  const nlohmann::ordered_json* tools) const;
   const PrepareOptions options_;
   const Tokenizer* const tokenizer_;
   const ChatTemplate* const chat_template_;

@@ -143,6 +143,11 @@ struct RequestState {
   std::shared_ptr<const grammar::TokenMasker> masker;
   size_t mask_bytes = 0;
   bool output_at_text_start = false;
+  // Whether choice `c`'s next token is the output's first at the start of
+  // a text (the masker's at_start).
+  bool NextTokenAtTextStart(const Choice& c) const {
+    return c.generated.empty() && output_at_text_start;
+  }
   std::vector<Choice> choices;
   int choices_left = 0;
   int completion_tokens = 0;

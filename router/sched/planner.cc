@@ -111,20 +111,10 @@ bool Planning::ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
   const Choice& c = req.choices[lane.choice];
   const grammar::TokenMasker& masker = *req.masker;
   const auto start = std::chrono::steady_clock::now();
-  struct Observe {
-    const RequestState& req;
-    std::chrono::steady_clock::time_point start;
-    ~Observe() {
-      if (req.metrics) {
-        req.metrics->grammar_mask_s->Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-    }
-  } observe{req, start};
   // The matcher before each sampled position: drafts are cut first, by
   // the grammar alone (Allows agrees with the mask bit by bit), so the
   // masks, the costly part, can then be computed side by side.
-  const bool first_at_start = c.generated.empty() && req.output_at_text_start;
+  const bool first_at_start = req.NextTokenAtTextStart(c);
   std::vector<grammar::Matcher> before{*c.grammar};
   for (size_t k = 0; k < drafts->size(); ++k) {
     const int32_t t = (*drafts)[k];
@@ -147,6 +137,10 @@ bool Planning::ConstrainRow(const Lane& lane, std::vector<int32_t>* drafts,
     opt_.mask_pool->ParallelFor(before.size(), compute);
   } else {
     for (size_t k = 0; k < before.size(); ++k) compute(k);
+  }
+  if (req.metrics) {
+    req.metrics->grammar_mask_s->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   // A position where no token may come ends the row before it (drafts
   // that lead there cannot be accepted); at the first, the lane cannot go on.
@@ -172,7 +166,7 @@ void Planning::PrefetchMasks(const std::function<bool(const Lane&)>& wants_row) 
   opt_.mask_pool->ParallelFor(lanes.size(), [&](size_t i) {
     const RequestState& req = *lanes[i]->req;
     const Choice& c = req.choices[lanes[i]->choice];
-    req.masker->Mask(*c.grammar, c.generated.empty() && req.output_at_text_start);
+    req.masker->Mask(*c.grammar, req.NextTokenAtTextStart(c));
   });
 }
 
