@@ -77,6 +77,10 @@ ABSL_FLAG(bool, kvstore_restore, true,
 ABSL_FLAG(int, kvstore_restore_deadline_ms, 1000,
           "longest wait for the ranks to restore one prompt's blocks; past it the prompt is "
           "prefilled as usual");
+ABSL_FLAG(bool, partial_block_reuse, true,
+          "let a prompt reuse the first positions of a cached KV block, not only whole blocks "
+          "(the plan copies the block for it first), so an identical resend recomputes only "
+          "its last token");
 ABSL_FLAG(int, kvstore_max_offloads_per_round, 256,
           "offloaded blocks one round carries at most (write-backs of blocks it evicts first)");
 ABSL_FLAG(std::string, spec_drafters, "none",
@@ -320,6 +324,7 @@ int main(int argc, char** argv) {
   o.max_choices = absl::GetFlag(FLAGS_max_choices);
   o.max_tokens_default = absl::GetFlag(FLAGS_max_tokens_default);
   o.pipeline_depth = absl::GetFlag(FLAGS_pipeline_depth);
+  o.partial_block_reuse = absl::GetFlag(FLAGS_partial_block_reuse);
   o.kv_tiering.offload = absl::GetFlag(FLAGS_kvstore_offload);
   o.kv_tiering.restore = absl::GetFlag(FLAGS_kvstore_restore);
   o.kv_tiering.restore_deadline =

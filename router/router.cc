@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Create(RouterOptions options,
     g.connect_timeout = r->options_.connect_timeout;
     g.reconnect_pause = r->options_.reconnect_pause;
     g.kv_tiering = r->options_.kv_tiering;
+    g.partial_block_reuse = r->options_.partial_block_reuse;
     GroupLoopHooks hooks;
     hooks.connect = r->options_.connect;
     if (!hooks.connect) {

@@ -82,6 +82,9 @@ struct RouterOptions {
   int pipeline_depth = 2;
   // The workers' kvstores, where they have one (sched/kv_tiering.h).
   KvTieringOptions kv_tiering;
+  // Reuse the first positions of a cached block too (copy-on-write), so a
+  // resend recomputes one token, not up to a block of them.
+  bool partial_block_reuse = true;
   // Speculative decoding (spec/speculator.h); no sources = off.
   SpeculatorOptions speculation;
   // Longest wait for one round's results from every rank of a group; a rank

@@ -51,6 +51,10 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
       &Reg(BuildCounter(), "ringlane_prompt_tokens_total", "Prompt tokens of requests run", r);
   cached_tokens_ = &Reg(BuildCounter(), "ringlane_cached_prompt_tokens_total",
                         "Prompt tokens served from the KV cache instead of prefilled", r);
+  block_copies_ = &Reg(BuildCounter(), "ringlane_kv_block_copies_total",
+                       "KV blocks copied inside a pool so that a prompt reuses the first "
+                       "positions of a cached block (token-granular prefix hits)",
+                       r);
   generation_tokens_ =
       &Reg(BuildCounter(), "ringlane_generation_tokens_total", "Tokens generated (all choices)", r);
   default_temperature_ = &Reg(BuildCounter(), "ringlane_requests_default_temperature_total",
@@ -136,6 +140,7 @@ GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group,
   m.requests_cancelled = &requests_->Add(with("outcome", "cancelled"));
   m.prompt_tokens = &prompt_tokens_->Add(l);
   m.cached_prompt_tokens = &cached_tokens_->Add(l);
+  m.kv_block_copies = &block_copies_->Add(l);
   m.generation_tokens = &generation_tokens_->Add(l);
   m.requests_default_temperature = &default_temperature_->Add(l);
   m.constrained_choices = &constrained_choices_->Add(l);

@@ -76,6 +76,9 @@ struct GroupMetrics {
   prometheus::Counter* kvstore_restores_hit = nullptr;
   prometheus::Counter* kvstore_restores_miss = nullptr;
   prometheus::Counter* kvstore_restored_tokens = nullptr;
+  // Copy-on-write copies of a cached block whose first positions a prompt
+  // reused (KvBlockManager's partial-block hits).
+  prometheus::Counter* kv_block_copies = nullptr;
   // Rows that sampled: a prompt's last chunk, decode and verify rows
   // (generation tokens / this = tokens per step).
   prometheus::Counter* sampling_rows = nullptr;
@@ -108,6 +111,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* prompt_tokens_;
   prometheus::Family<prometheus::Counter>* cached_tokens_;
+  prometheus::Family<prometheus::Counter>* block_copies_;
   prometheus::Family<prometheus::Counter>* generation_tokens_;
   prometheus::Family<prometheus::Counter>* default_temperature_;
   prometheus::Family<prometheus::Counter>* constrained_choices_;

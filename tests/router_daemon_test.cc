@@ -185,7 +185,10 @@ TEST_P(RouterRoundsTest, ChunkedPrefillInsideDecodeRounds) {
     }
   }
   ASSERT_GE(first, 0) << "the long prompt was never prefilled";
-  EXPECT_EQ(fed, kLongPrompt);
+  // What the prefix cache did not hold (BOS, shared with the other prompts,
+  // is a token-granular hit).
+  EXPECT_EQ(fed, kLongPrompt - long_out.usage.cached_tokens());
+  EXPECT_LT(long_out.usage.cached_tokens(), 4);
   EXPECT_GE(chunks, kLongPrompt / kBudget) << "the prompt was not chunked";
   for (int k = first; k <= last; ++k) {
     for (int i = 0; i < 3; ++i) {

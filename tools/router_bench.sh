@@ -4,11 +4,16 @@
 # and the router, over a synthetic model with a 4096-token context written
 # once to $BUILD/models/synth-long (vocab 512, so the bundled tokenizer fits).
 #
-#   tools/router_bench.sh          (BUILD, THREADS, PROMPT_TOKENS from the env)
+#   tools/router_bench.sh          (BUILD, THREADS, PROMPT_TOKENS from the env;
+#                                   ROUTER_FLAGS: more router flags, e.g.
+#                                   --partial_block_reuse=false; SCENARIOS:
+#                                   "ttft itl" by default)
 set -euo pipefail
 BUILD=${BUILD:-build}
 THREADS=${THREADS:-2}
 PROMPT_TOKENS=${PROMPT_TOKENS:-3000}
+ROUTER_FLAGS=${ROUTER_FLAGS:-}
+SCENARIOS=${SCENARIOS:-ttft itl}
 MODEL="$BUILD/models/synth-long"
 LOGS="$BUILD/router-bench"
 mkdir -p "$LOGS"
@@ -37,10 +42,10 @@ pids+=($!)
 worker=$(wait_listening "$LOGS/worker.out" worker)
 "$BUILD/router/ringlane-router" --workers="$worker" \
   --tokenizer=deploy/models/stories260K/tok512.bin --listen=127.0.0.1:0 --http_listen=127.0.0.1:0 \
-  >"$LOGS/router.out" 2>"$LOGS/router.log" &
+  $ROUTER_FLAGS >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
 router=$(wait_listening "$LOGS/router.out" router)
-"$BUILD/tools/ringlane-router-bench" --router="$router" --scenario=ttft \
-  --prompt_tokens="$PROMPT_TOKENS"
-"$BUILD/tools/ringlane-router-bench" --router="$router" --scenario=itl \
-  --prompt_tokens="$PROMPT_TOKENS"
+for scenario in $SCENARIOS; do
+  "$BUILD/tools/ringlane-router-bench" --router="$router" --scenario="$scenario" \
+    --prompt_tokens="$PROMPT_TOKENS"
+done

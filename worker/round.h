@@ -25,8 +25,18 @@ struct SeqStep {
   std::vector<int32_t> logit_offsets;
 };
 
+// Copy KV block `src` onto `dst` (every layer, every slot) before the
+// round's sequences run.
+struct BlockCopy {
+  int32_t src = -1;
+  int32_t dst = -1;
+};
+
 struct RoundInput {
   std::vector<SeqStep> seqs;
+  // Done in order, after validation and before the forward pass, so a
+  // sequence may read positions a copy brought into its blocks.
+  std::vector<BlockCopy> block_copies;
 };
 
 struct RoundOutput {

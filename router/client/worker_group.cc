@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<WorkerGroupClient>> WorkerGroupClient::Connect(
     }
     if (all) {
       c->info_ = infos[0];
+      c->info_.set_kv_block_copies(std::all_of(infos.begin(), infos.end(),
+                                               [](const auto& i) { return i.kv_block_copies(); }));
       break;
     }
     if (std::chrono::system_clock::now() >= deadline) {

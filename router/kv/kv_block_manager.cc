@@ -113,6 +113,7 @@ KvBlockManager::KvBlockManager(Options options)
       identity_(std::move(options.identity)),
       hash_bits_(options.hash_bits_for_testing),
       max_recorded_registrations_(options.max_recorded_registrations),
+      reuse_partial_(options.reuse_partial_blocks),
       root_(Truncate(ChainRoot(identity_), hash_bits_)),
       blocks_(num_blocks_) {
   Reset();
@@ -131,7 +132,8 @@ bool KvBlockManager::LinkValid(const Link& link) const {
 }
 
 KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens,
-                                                 size_t max_blocks) const {
+                                                 size_t max_blocks, int64_t max_tokens,
+                                                 bool partial) const {
   PrefixMatch match;
   const size_t bs = static_cast<size_t>(block_size_);
   const size_t n = std::min(max_blocks, tokens.size() / bs);
@@ -153,13 +155,78 @@ KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> token
     link = Link{.block = it->second, .generation = b.generation};
   }
   match.cached_tokens = static_cast<int64_t>(match.block_ids.size()) * block_size_;
+  if (!partial) return match;
+  // The first positions of a block chained on the same registration: the
+  // key names the parent exactly, and the tokens are compared one by one.
+  const int64_t start = match.cached_tokens;
+  const int64_t room = std::min<int64_t>(block_size_, max_tokens - start);
+  if (room <= 0) return match;
+  auto it = children_.find(KeyOf(link, tokens[static_cast<size_t>(start)]));
+  if (it == children_.end()) return match;
+  for (BlockId c : it->second) {
+    const Block& b = blocks_[c];
+    const int64_t limit = std::min<int64_t>(room, static_cast<int64_t>(b.tokens.size()));
+    int64_t m = 0;
+    while (m < limit &&
+           b.tokens[static_cast<size_t>(m)] == tokens[static_cast<size_t>(start + m)]) {
+      ++m;
+    }
+    if (m > match.partial_tokens) {
+      match.partial_tokens = m;
+      match.partial_block = c;
+    }
+  }
+  match.cached_tokens += match.partial_tokens;
   return match;
 }
 
 KvBlockManager::PrefixMatch KvBlockManager::MatchPrefix(absl::Span<const int32_t> tokens) const {
   // The last token is always recomputed: its logits give the first sample.
-  const size_t max_blocks = tokens.empty() ? 0 : (tokens.size() - 1) / block_size_;
-  return Walk(tokens, max_blocks);
+  const int64_t max_tokens = tokens.empty() ? 0 : static_cast<int64_t>(tokens.size()) - 1;
+  return Walk(tokens, static_cast<size_t>(max_tokens / block_size_), max_tokens, reuse_partial_);
+}
+
+void KvBlockManager::AddChild(BlockId id) {
+  const Block& b = blocks_[id];
+  children_[KeyOf(b.parent, b.tokens.front())].push_back(id);
+}
+
+bool KvBlockManager::Dominated(const Link& parent, absl::Span<const int32_t> tokens,
+                               BlockId except) {
+  auto it = children_.find(KeyOf(parent, tokens.front()));
+  if (it == children_.end()) return false;
+  bool covered = false;
+  std::vector<BlockId> drop;
+  for (BlockId c : it->second) {
+    if (c == except) continue;
+    Block& b = blocks_[c];
+    const bool extends = b.tokens.size() >= tokens.size() &&
+                         std::equal(tokens.begin(), tokens.end(), b.tokens.begin());
+    if (extends) {
+      covered = true;
+      if (b.ref_count == 0) lru_.splice(lru_.end(), lru_, b.lru_pos);
+    } else if (b.partial && b.ref_count == 0 && b.tokens.size() < tokens.size() &&
+               std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin())) {
+      drop.push_back(c);
+    }
+  }
+  for (BlockId c : drop) {
+    lru_.erase(blocks_[c].lru_pos);
+    Unregister(c);
+    free_.push_back(c);
+  }
+  return covered;
+}
+
+void KvBlockManager::RegisterPartial(BlockId id, const Lane& lane) {
+  Block& b = blocks_[id];
+  b.registered = true;
+  b.partial = true;
+  b.parent = lane.chain_link;
+  b.generation = next_generation_++;
+  b.tokens = lane.tail;
+  AddChild(id);
+  ++partial_count_;
 }
 
 std::optional<int64_t> KvBlockManager::BlocksFor(int64_t num_positions) const {
@@ -176,7 +243,8 @@ BlockId KvBlockManager::TakeBlock() {
   } else {
     id = lru_.front();
     lru_.pop_front();
-    if (max_recorded_registrations_ > 0) {
+    // A partial block has no chain hash: nothing a store could key it by.
+    if (max_recorded_registrations_ > 0 && !blocks_[id].partial) {
       if (evictions_.size() >= max_recorded_registrations_) evictions_.pop_front();
       evictions_.push_back(Eviction{id, blocks_[id].hash});
     }
@@ -189,7 +257,16 @@ BlockId KvBlockManager::TakeBlock() {
 
 void KvBlockManager::Unregister(BlockId id) {
   Block& b = blocks_[id];
-  index_.erase(b.hash);
+  if (!b.partial) index_.erase(b.hash);
+  if (reuse_partial_ && !b.tokens.empty()) {
+    auto it = children_.find(KeyOf(b.parent, b.tokens.front()));
+    if (it != children_.end()) {
+      std::erase(it->second, id);
+      if (it->second.empty()) children_.erase(it);
+    }
+  }
+  if (b.partial) --partial_count_;
+  b.partial = false;
   b.registered = false;
   b.tokens.clear();
   b.tokens.shrink_to_fit();
@@ -197,7 +274,7 @@ void KvBlockManager::Unregister(BlockId id) {
 }
 
 absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const int32_t> prompt,
-                                                 int64_t num_positions) {
+                                                 int64_t num_positions, bool reuse_partial) {
   if (lanes_.contains(lane)) {
     return absl::AlreadyExistsError(absl::StrCat("lane ", lane, " already has blocks"));
   }
@@ -205,14 +282,29 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
     return absl::InvalidArgumentError(
         absl::StrCat("num_positions must be >= 0, got ", num_positions));
   }
-  PrefixMatch match = MatchPrefix(prompt);
+  const int64_t max_tokens = prompt.empty() ? 0 : static_cast<int64_t>(prompt.size()) - 1;
+  PrefixMatch match = Walk(prompt, static_cast<size_t>(max_tokens / block_size_), max_tokens,
+                           reuse_partial_ && reuse_partial);
   const int64_t matched = static_cast<int64_t>(match.block_ids.size());
-  std::optional<int64_t> needed = BlocksFor(std::max(num_positions, match.cached_tokens));
   // Matched blocks that sit in the LRU are about to be referenced, so they
-  // cannot also be evicted to make room.
+  // cannot also be evicted to make room; neither can a partial hit's source
+  // before it is copied.
   int64_t matched_evictable = 0;
   for (BlockId id : match.block_ids) matched_evictable += blocks_[id].ref_count == 0;
-  const int64_t supply = static_cast<int64_t>(free_.size() + lru_.size()) - matched_evictable;
+  const int64_t takeable = static_cast<int64_t>(free_.size() + lru_.size()) - matched_evictable;
+  std::optional<int64_t> needed = BlocksFor(std::max(num_positions, match.cached_tokens));
+  int64_t supply = takeable;
+  if (match.partial_block >= 0) {
+    supply -= blocks_[match.partial_block].ref_count == 0;
+    if (!needed.has_value() || *needed - matched > supply) {
+      // Not worth failing for: recompute those positions instead.
+      match.cached_tokens -= match.partial_tokens;
+      match.partial_block = -1;
+      match.partial_tokens = 0;
+      needed = BlocksFor(std::max(num_positions, match.cached_tokens));
+      supply = takeable;
+    }
+  }
   if (!needed.has_value() || *needed - matched > supply) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV pool cannot cover ", num_positions, " positions of lane ", lane, ": ", supply,
@@ -230,7 +322,22 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
     l.committed_tokens.insert(l.committed_tokens.end(), b.tokens.begin(), b.tokens.end());
   }
   l.committed_blocks = static_cast<int32_t>(matched);
+  Block* source = match.partial_block >= 0 ? &blocks_[match.partial_block] : nullptr;
+  if (source != nullptr && source->ref_count++ == 0) lru_.erase(source->lru_pos);
   for (int64_t i = matched; i < *needed; ++i) l.blocks.push_back(TakeBlock());
+  if (source != nullptr) {
+    // Unpinned as most recently used: a hit refreshes it.
+    if (--source->ref_count == 0) {
+      source->lru_pos = lru_.insert(lru_.end(), match.partial_block);
+    }
+    copies_.push_back(
+        BlockCopy{.src = match.partial_block, .dst = l.blocks[static_cast<size_t>(matched)]});
+    const size_t start = static_cast<size_t>(matched) * static_cast<size_t>(block_size_);
+    l.tail.assign(prompt.begin() + static_cast<std::ptrdiff_t>(start),
+                  prompt.begin() + static_cast<std::ptrdiff_t>(start + match.partial_tokens));
+    counters_.partial_hit_tokens += match.partial_tokens;
+    ++counters_.block_copies;
+  }
 
   counters_.hit_tokens += match.cached_tokens;
   counters_.miss_tokens += static_cast<int64_t>(prompt.size()) - match.cached_tokens;
@@ -267,6 +374,8 @@ absl::Status KvBlockManager::TrimSlots(LaneId lane, int64_t num_positions) {
                                                    num_positions, " positions below its ",
                                                    committed, " committed ones"));
   }
+  const size_t tail_left = static_cast<size_t>(num_positions - committed);
+  if (l.tail.size() > tail_left) l.tail.resize(tail_left);
   const int64_t keep = (num_positions + block_size_ - 1) / block_size_;
   while (static_cast<int64_t>(l.blocks.size()) > keep) {
     // Past the committed blocks every block is the lane's private one.
@@ -293,7 +402,15 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
                                                    tokens.size()));
   }
   const size_t full = tokens.size() / bs;
-  if (full <= static_cast<size_t>(l.committed_blocks)) return absl::OkStatus();
+  auto keep_tail = [&] {
+    if (!reuse_partial_) return;
+    l.tail.assign(tokens.begin() + static_cast<std::ptrdiff_t>(l.committed_blocks * bs),
+                  tokens.end());
+  };
+  if (full <= static_cast<size_t>(l.committed_blocks)) {
+    keep_tail();
+    return absl::OkStatus();
+  }
   // Registering KV under tokens it was not computed from would poison every
   // later hit, so a caller passing another sequence is refused outright.
   if (!std::equal(l.committed_tokens.begin(), l.committed_tokens.end(), tokens.begin())) {
@@ -318,6 +435,10 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
         b.generation = next_generation_++;
         b.tokens.assign(blk.begin(), blk.end());
         index_.emplace(hash, id);
+        if (reuse_partial_) {
+          Dominated(b.parent, blk, id);  // partial blocks this one extends
+          AddChild(id);
+        }
         l.chain_link = Link{.block = id, .generation = b.generation};
         if (max_recorded_registrations_ > 0) {
           if (registrations_.size() >= max_recorded_registrations_) {
@@ -344,22 +465,50 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
     l.committed_tokens.insert(l.committed_tokens.end(), blk.begin(), blk.end());
     ++l.committed_blocks;
   }
+  keep_tail();
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockManager::CommitTail(LaneId lane, absl::Span<const int32_t> tail) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  Lane& l = it->second;
+  if (tail.size() >= static_cast<size_t>(block_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a tail of ", tail.size(), " tokens fills a block of ", block_size_, "; commit it"));
+  }
+  if ((static_cast<size_t>(l.committed_blocks) + (tail.empty() ? 0 : 1)) > l.blocks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lane ", lane, " has no block for a tail of ", tail.size(), " tokens"));
+  }
+  if (reuse_partial_) l.tail.assign(tail.begin(), tail.end());
   return absl::OkStatus();
 }
 
 absl::Status KvBlockManager::Release(LaneId lane) {
   auto it = lanes_.find(lane);
   if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
-  const std::vector<BlockId>& table = it->second.blocks;
+  const Lane& l = it->second;
+  const std::vector<BlockId>& table = l.blocks;
+  // A block past the committed ones that holds committed tokens stays cached
+  // as partial, unless nothing could reach it or another block has it all.
+  const bool keep_partial = reuse_partial_ && !l.tail.empty() && l.chain_open &&
+                            LinkValid(l.chain_link) &&
+                            static_cast<size_t>(l.committed_blocks) < table.size();
   // Tail first, so the LRU evicts a chain from its end and keeps the shared
   // head longest.
-  for (auto b = table.rbegin(); b != table.rend(); ++b) {
-    Block& block = blocks_[*b];
+  for (size_t i = table.size(); i-- > 0;) {
+    const BlockId id = table[i];
+    Block& block = blocks_[id];
     if (--block.ref_count > 0) continue;
+    if (!block.registered && keep_partial && i == static_cast<size_t>(l.committed_blocks) &&
+        !Dominated(l.chain_link, l.tail, id)) {
+      RegisterPartial(id, l);
+    }
     if (block.registered) {
-      block.lru_pos = lru_.insert(lru_.end(), *b);
+      block.lru_pos = lru_.insert(lru_.end(), id);
     } else {
-      free_.push_back(*b);
+      free_.push_back(id);
     }
   }
   lanes_.erase(it);
@@ -373,6 +522,9 @@ void KvBlockManager::Reset() {
   free_.clear();
   registrations_.clear();
   evictions_.clear();
+  children_.clear();
+  copies_.clear();
+  partial_count_ = 0;
   for (Block& b : blocks_) b = Block{};
   // Descending, so that the stack hands out block 0 first.
   for (BlockId id = num_blocks_ - 1; id >= 0; --id) free_.push_back(id);
@@ -382,6 +534,12 @@ void KvBlockManager::Reset() {
 std::vector<KvBlockManager::Eviction> KvBlockManager::TakeEvictions() {
   std::vector<Eviction> out(evictions_.begin(), evictions_.end());
   evictions_.clear();
+  return out;
+}
+
+std::vector<KvBlockManager::BlockCopy> KvBlockManager::TakeCopies() {
+  std::vector<BlockCopy> out;
+  out.swap(copies_);
   return out;
 }
 
@@ -404,7 +562,9 @@ absl::StatusOr<int64_t> KvBlockManager::CommittedPositions(LaneId lane) const {
 }
 
 std::optional<BlockHash> KvBlockManager::RegisteredHash(BlockId block) const {
-  if (block < 0 || block >= num_blocks_ || !blocks_[block].registered) return std::nullopt;
+  if (block < 0 || block >= num_blocks_ || !blocks_[block].registered || blocks_[block].partial) {
+    return std::nullopt;
+  }
   return blocks_[block].hash;
 }
 
@@ -419,6 +579,7 @@ KvBlockStats KvBlockManager::stats() const {
   s.evictable_blocks = static_cast<int32_t>(lru_.size());
   s.in_use_blocks = num_blocks_ - s.free_blocks - s.evictable_blocks;
   s.cached_blocks = static_cast<int32_t>(index_.size());
+  s.partial_blocks = partial_count_;
   s.num_lanes = static_cast<int32_t>(lanes_.size());
   return s;
 }

@@ -75,6 +75,10 @@ struct KvBlockStats {
   int64_t evictions = 0;        // cached blocks dropped to make room
   int64_t hash_collisions = 0;  // equal hashes with different contents seen
   int64_t resets = 0;
+  // Token-granular reuse (Options::reuse_partial_blocks).
+  int32_t partial_blocks = 0;      // registered partly filled blocks (not in cached_blocks)
+  int64_t partial_hit_tokens = 0;  // of hit_tokens, those served from a block's first slots
+  int64_t block_copies = 0;        // copy-on-write copies handed to TakeCopies
 };
 
 // Tracks which KV blocks each lane holds in one worker group's pool, which
@@ -101,6 +105,18 @@ struct KvBlockStats {
 // positions. At most floor((n-1)/B) blocks of an n-token prompt match: the
 // last prompt token is always fed to get the logits of the first sample.
 //
+// Token-granular hits (Options::reuse_partial_blocks). After the full blocks,
+// a prompt can also reuse the first m < B positions of a block: a registered
+// full block whose first m tokens it shares, or a partly filled last block a
+// lane left behind (registered as partial at Release with the tokens whose
+// KV was committed in it), chained on the same registration as the full
+// match. Since the lane will write the positions after m, it gets a fresh
+// block and the plan copies the cached one onto it first (TakeCopies,
+// RoundPlan.block_copies): copy-on-write, so the cached block stays intact
+// for others. Partial blocks are evictable like cached ones, have no chain
+// hash (never offloaded, never in TakeEvictions), and a partial block whose
+// tokens another cached block under the same parent extends is dropped.
+//
 // Eviction takes the least recently used evictable block. A lane's blocks
 // become evictable when it releases them, its last block first, so a chain is
 // eaten from its tail and its head (the prefix most prompts share) lasts
@@ -123,6 +139,9 @@ class KvBlockManager {
     // Keep the ids of newly registered blocks for TakeRegistrations (the
     // kvstore's write-through), the newest this many at most.
     size_t max_recorded_registrations = 0;
+    // Token-granular prefix hits through copy-on-write of a partly reused
+    // block (see above); off: only whole blocks are reused.
+    bool reuse_partial_blocks = false;
   };
 
   // InvalidArgument for a non-positive num_blocks, block size or TP size, an
@@ -133,23 +152,42 @@ class KvBlockManager {
   KvBlockManager& operator=(const KvBlockManager&) = delete;
 
   struct PrefixMatch {
-    std::vector<BlockId> block_ids;  // the matching cached blocks, in order
-    int64_t cached_tokens = 0;       // block_ids.size() * block size
+    std::vector<BlockId> block_ids;  // the matching cached full blocks, in order
+    // The block whose first partial_tokens positions follow them (-1: none).
+    BlockId partial_block = -1;
+    int64_t partial_tokens = 0;
+    int64_t cached_tokens = 0;  // block_ids.size() * block size + partial_tokens
   };
 
-  // The cached prefix of `tokens` (for placement and usage reports). Changes
-  // nothing: no references, no LRU refresh, no counters.
+  // The cached prefix of `tokens` (for placement and usage reports), at most
+  // all but the last token. Changes nothing: no references, no LRU refresh,
+  // no counters.
   PrefixMatch MatchPrefix(absl::Span<const int32_t> tokens) const;
+
+  // A copy the next plan must carry (RoundPlan.block_copies).
+  struct BlockCopy {
+    BlockId src = -1;
+    BlockId dst = -1;
+  };
 
   // Starts `lane` for `prompt`: matches the cached prefix, references those
   // blocks (refreshing them), and adds fresh blocks until the table covers
   // positions [0, max(num_positions, cached)). Fresh blocks come from the
-  // free list first, then by evicting. Returns the cached token count: the
-  // lane's first computed position. Errors, with nothing changed:
-  // AlreadyExists for a known lane, InvalidArgument for num_positions < 0,
-  // ResourceExhausted when the pool cannot supply the blocks.
+  // free list first, then by evicting. A partial-block hit (when
+  // `reuse_partial` and the option allow it, and the pool has room without
+  // evicting the source) makes the first fresh block a copy of the source,
+  // queued for TakeCopies; a caller that writes the lane's blocks other than
+  // through the plans that carry those copies (the kvstore restore) passes
+  // false. Returns the cached token count: the lane's first computed
+  // position. Errors, with nothing changed: AlreadyExists for a known lane,
+  // InvalidArgument for num_positions < 0, ResourceExhausted when the pool
+  // cannot supply the blocks.
   absl::StatusOr<int64_t> Allocate(LaneId lane, absl::Span<const int32_t> prompt,
-                                   int64_t num_positions);
+                                   int64_t num_positions, bool reuse_partial = true);
+
+  // The copies queued by Allocate since the last call, in order. The plan
+  // being built must carry them: its rows may read their destinations.
+  std::vector<BlockCopy> TakeCopies();
 
   // Grows `lane`'s table to cover positions [0, num_positions); a smaller
   // value changes nothing (only TrimSlots shrinks a table). Errors,
@@ -168,14 +206,24 @@ class KvBlockManager {
   // returned: `tokens` are the lane's tokens whose KV is now in its blocks
   // (prompt, then generated tokens already fed back; not the token just
   // sampled). Registers the full blocks not yet committed so later prompts
-  // can reuse them. A block whose content is already registered (two equal
-  // prompts in flight at once) stays the lane's private copy and refreshes
-  // the registered one. Errors, with nothing changed: NotFound;
-  // InvalidArgument when tokens cover positions the lane has no blocks for,
-  // are fewer than it already committed, or differ from its committed tokens.
+  // can reuse them, and remembers the tokens past them (for a partial block
+  // at Release; O(block size) when no block filled up). A block whose content is already registered
+  // (two equal prompts in flight at once) stays the lane's private copy and refreshes the
+  // registered one. Errors, with nothing changed: NotFound; InvalidArgument when tokens cover
+  // positions the lane has no blocks for, are fewer than it already committed, or differ from its
+  // committed tokens.
   absl::Status CommitFullBlocks(LaneId lane, absl::Span<const int32_t> tokens);
 
-  // Drops `lane` and its references. NotFound for an unknown lane.
+  // Records `tail`, the lane's committed tokens past its committed blocks,
+  // between two commits that fill a block (the applier calls it every round;
+  // O(tail)). Ignored without reuse_partial_blocks. Errors, with nothing
+  // changed: NotFound; InvalidArgument for a block or more of tokens, or
+  // more positions than the lane's table covers.
+  absl::Status CommitTail(LaneId lane, absl::Span<const int32_t> tail);
+
+  // Drops `lane` and its references; with reuse_partial_blocks, its partly
+  // filled last block stays cached as partial when it holds committed
+  // tokens. NotFound for an unknown lane.
   absl::Status Release(LaneId lane);
 
   // The group restarted and its KV memory is gone: forget every lane and
@@ -215,6 +263,7 @@ class KvBlockManager {
   KvBlockStats stats() const;
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size_tokens() const { return block_size_; }
+  bool reuses_partial_blocks() const { return reuse_partial_; }
   const BlockIdentity& identity() const { return identity_; }
 
  private:
@@ -230,6 +279,7 @@ class KvBlockManager {
   struct Block {
     int32_t ref_count = 0;
     bool registered = false;
+    bool partial = false;  // registered at Release with fewer than B tokens; no hash
     // Valid while registered:
     BlockHash hash;
     Link parent;
@@ -248,6 +298,24 @@ class KvBlockManager {
     // False once a block could not be registered (collision, or its parent
     // was evicted): later blocks would be unreachable, so they stay private.
     bool chain_open = true;
+    // Committed tokens past the committed blocks (in blocks[committed_blocks]).
+    std::vector<int32_t> tail;
+  };
+
+  // Registered blocks by what they continue: (parent registration, first
+  // token), for token-granular matches.
+  struct ChildKey {
+    BlockId parent = -1;
+    uint64_t generation = 0;
+    int32_t first_token = 0;
+    friend bool operator==(const ChildKey&, const ChildKey&) = default;
+  };
+  struct ChildKeyHasher {
+    size_t operator()(const ChildKey& k) const {
+      return static_cast<size_t>(k.generation * 0x9E3779B97F4A7C15ull) ^
+             (static_cast<size_t>(static_cast<uint32_t>(k.first_token)) << 1) ^
+             static_cast<size_t>(static_cast<uint32_t>(k.parent));
+    }
   };
 
   struct HashHasher {
@@ -257,8 +325,20 @@ class KvBlockManager {
   explicit KvBlockManager(Options options);
 
   BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens) const;
-  // Walks the cached chain of `tokens` over at most max_blocks blocks.
-  PrefixMatch Walk(absl::Span<const int32_t> tokens, size_t max_blocks) const;
+  // Walks the cached chain of `tokens` over at most max_blocks full blocks,
+  // then (with `partial`) at most max_tokens tokens in all.
+  PrefixMatch Walk(absl::Span<const int32_t> tokens, size_t max_blocks, int64_t max_tokens,
+                   bool partial) const;
+  static ChildKey KeyOf(const Link& parent, int32_t first_token) {
+    return ChildKey{
+        .parent = parent.block, .generation = parent.generation, .first_token = first_token};
+  }
+  void AddChild(BlockId id);
+  // Drops the partial children of `parent` whose tokens `tokens` extends;
+  // true when a registered child already extends `tokens` (which then is
+  // refreshed and needs no registration).
+  bool Dominated(const Link& parent, absl::Span<const int32_t> tokens, BlockId except);
+  void RegisterPartial(BlockId id, const Lane& lane);
   // Blocks needed to cover num_positions, or nullopt when more than the pool.
   std::optional<int64_t> BlocksFor(int64_t num_positions) const;
   // A referenced block from the free list, else the LRU's oldest; the caller
@@ -273,6 +353,7 @@ class KvBlockManager {
   const BlockIdentity identity_;
   const int hash_bits_;
   const size_t max_recorded_registrations_;
+  const bool reuse_partial_;
   const BlockHash root_;
 
   std::vector<Block> blocks_;
@@ -282,6 +363,9 @@ class KvBlockManager {
   std::deque<Eviction> evictions_;     // for TakeEvictions
   std::unordered_map<BlockHash, BlockId, HashHasher> index_;
   std::unordered_map<LaneId, Lane> lanes_;
+  std::unordered_map<ChildKey, std::vector<BlockId>, ChildKeyHasher> children_;
+  std::vector<BlockCopy> copies_;  // for TakeCopies
+  int32_t partial_count_ = 0;
   uint64_t next_generation_ = 1;
   KvBlockStats counters_;  // only the cumulative fields are kept here
 };

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -508,6 +509,278 @@ TEST(KvBlockManagerTest, ResetForgetsLanesAndCacheButKeepsCounters) {
   // The whole pool is available again, from block 0.
   ASSERT_EQ(*m->Allocate(4, Seq(4 * kB, 0), 4 * kB), 0);
   EXPECT_THAT(Table(*m, 4), ElementsAreArray({0, 1, 2, 3}));
+}
+
+// Token-granular reuse (Options::reuse_partial_blocks) from here on.
+std::unique_ptr<KvBlockManager> MakePartial(int32_t num_blocks, int hash_bits = 128,
+                                            size_t recorded = 0) {
+  auto m = KvBlockManager::Create({.num_blocks = num_blocks,
+                                   .identity = Identity(),
+                                   .hash_bits_for_testing = hash_bits,
+                                   .max_recorded_registrations = recorded,
+                                   .reuse_partial_blocks = true});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+struct Copy {
+  BlockId src, dst;
+  friend bool operator==(const Copy&, const Copy&) = default;
+};
+std::vector<Copy> Copies(KvBlockManager& m) {
+  std::vector<Copy> out;
+  for (const KvBlockManager::BlockCopy& c : m.TakeCopies()) out.push_back({c.src, c.dst});
+  return out;
+}
+std::ostream& operator<<(std::ostream& os, const Copy& c) { return os << c.src << "->" << c.dst; }
+
+// An identical resend reuses every token but the last, whatever the length:
+// the full blocks by reference, the rest of the last one through a copy of
+// the block the first lane left partly filled.
+TEST(KvBlockManagerPartialTest, ResendReusesAllButTheLastToken) {
+  for (int n : {2, kB - 1, kB, kB + 1, kB + 2, 2 * kB, 2 * kB + 3, 5 * kB + 3}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n);
+    auto m = MakePartial(16);
+    const std::vector<int32_t> prompt = Seq(n, 100);
+    ASSERT_EQ(*m->Allocate(1, prompt, n), 0);
+    EXPECT_THAT(Copies(*m), IsEmpty());
+    const std::vector<BlockId> first = Table(*m, 1);
+    ASSERT_TRUE(m->CommitFullBlocks(1, prompt).ok());
+    ASSERT_TRUE(m->Release(1).ok());
+
+    EXPECT_EQ(m->MatchPrefix(prompt).cached_tokens, n - 1);
+    ASSERT_EQ(*m->Allocate(2, prompt, n), n - 1);
+    const std::vector<BlockId> second = Table(*m, 2);
+    ASSERT_EQ(second.size(), first.size());
+    const size_t full = static_cast<size_t>((n - 1) / kB);
+    for (size_t i = 0; i < full; ++i) EXPECT_EQ(second[i], first[i]);
+    // The block holding position n - 1 is the lane's own, a copy unless
+    // the full blocks end right before it.
+    const size_t last = static_cast<size_t>((n - 1) / kB);
+    EXPECT_NE(second[last], first[last]);
+    const bool copied = (n - 1) % kB != 0;
+    if (copied) {
+      EXPECT_THAT(Copies(*m), ElementsAre(Copy{first[last], second[last]}));
+    } else {
+      EXPECT_THAT(Copies(*m), IsEmpty());
+    }
+    // Full blocks stay whole-block entries; only what follows is partial.
+    EXPECT_EQ(*m->CommittedPositions(2), static_cast<int64_t>(full) * kB);
+    EXPECT_EQ(m->stats().hit_tokens, n - 1);
+    EXPECT_EQ(m->stats().partial_hit_tokens, n - 1 - static_cast<int64_t>(full) * kB);
+    EXPECT_EQ(m->stats().block_copies, copied ? 1 : 0);
+  }
+}
+
+// A partial hit follows the longest common prefix inside the block, from a
+// partly filled block or from a registered full one, and never past the
+// prompt's last token.
+TEST(KvBlockManagerPartialTest, MatchesTheLongestCommonPrefixInsideABlock) {
+  auto m = MakePartial(16);
+  std::vector<int32_t> p = Seq(kB + 3, 0);  // block 0 full, block 1 holds 3
+  RunAndRelease(*m, 1, p);
+  std::vector<int32_t> q = p;
+  q[kB + 2] = 999;  // differs at the third token of block 1
+  EXPECT_EQ(m->MatchPrefix(q).cached_tokens, kB + 2);
+  std::vector<int32_t> longer = Seq(3 * kB, 0);
+  EXPECT_EQ(m->MatchPrefix(longer).cached_tokens, kB + 3);
+  std::vector<int32_t> other = p;
+  other[kB] = 999;  // differs at block 1's first token: only block 0
+  EXPECT_EQ(m->MatchPrefix(other).cached_tokens, kB);
+  EXPECT_EQ(m->MatchPrefix(Seq(kB + 2, 0)).cached_tokens, kB + 1);
+
+  // A full block registered by a longer run serves a shorter prompt's last
+  // block too: exactly 2 * kB tokens can reuse 2 * kB - 1.
+  auto m2 = MakePartial(16);
+  RunAndRelease(*m2, 1, Seq(3 * kB, 0));
+  EXPECT_EQ(m2->MatchPrefix(Seq(2 * kB, 0)).cached_tokens, 2 * kB - 1);
+  std::vector<int32_t> diverges = Seq(2 * kB, 0);
+  diverges[kB + 1] = 999;
+  EXPECT_EQ(m2->MatchPrefix(diverges).cached_tokens, kB + 1);
+}
+
+// The tokens a partial block keeps are the committed ones: positions a lane
+// wrote but no result confirmed, or rolled back, are not offered.
+TEST(KvBlockManagerPartialTest, KeepsOnlyCommittedTokens) {
+  auto m = MakePartial(16);
+  const std::vector<int32_t> seq = Seq(3 * kB, 0);
+  ASSERT_TRUE(m->Allocate(1, absl::MakeConstSpan(seq.data(), kB + 2), kB + 2).ok());
+  // Results so far cover kB + 1 positions; a verify row then wrote up to
+  // 2 * kB and was rolled back to kB + 2, of which only kB + 1 are committed.
+  ASSERT_TRUE(m->CommitFullBlocks(1, absl::MakeConstSpan(seq.data(), kB + 1)).ok());
+  ASSERT_TRUE(m->AppendSlots(1, 2 * kB).ok());
+  ASSERT_TRUE(m->TrimSlots(1, kB + 2).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  EXPECT_EQ(m->MatchPrefix(seq).cached_tokens, kB + 1);
+
+  // Rolled back below its committed tail, a lane keeps what is left.
+  ASSERT_TRUE(m->Allocate(2, Seq(kB + 3, 500), kB + 3).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(2, Seq(kB + 3, 500)).ok());
+  ASSERT_TRUE(m->TrimSlots(2, kB + 2).ok());
+  ASSERT_TRUE(m->Release(2).ok());
+  EXPECT_EQ(m->MatchPrefix(Seq(3 * kB, 500)).cached_tokens, kB + 2);
+  // A lane with no committed tail leaves nothing partial.
+  ASSERT_TRUE(m->Allocate(3, Seq(kB + 3, 900), kB + 3).ok());
+  ASSERT_TRUE(m->Release(3).ok());
+  EXPECT_EQ(m->MatchPrefix(Seq(3 * kB, 900)).cached_tokens, 0);
+  EXPECT_EQ(m->stats().partial_blocks, 2);
+}
+
+// The copy's source cannot be the block handed out as its destination or
+// evicted for another of the lane's blocks; when the pool has no room
+// without it, the lane recomputes those positions instead of failing.
+TEST(KvBlockManagerPartialTest, TheSourceIsNeverEvictedForItsOwnCopy) {
+  auto m = MakePartial(2);
+  const std::vector<int32_t> p = Seq(kB + 3, 0);
+  RunAndRelease(*m, 1, p);  // block 0 full (cached), block 1 partial
+  ExpectCounts(*m, {.free_blocks = 0, .in_use = 0, .evictable = 2, .cached = 1});
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  // Needs block 0 and one fresh block: the only candidate is the source.
+  ASSERT_EQ(*m->Allocate(2, p, kB + 3), kB);
+  EXPECT_THAT(Copies(*m), IsEmpty());
+  EXPECT_EQ(m->stats().partial_blocks, 0);
+  EXPECT_EQ(m->stats().evictions, 1);
+  ASSERT_TRUE(m->Release(2).ok());
+
+  // With a free block, the copy goes there and the source stays cached.
+  auto m3 = MakePartial(3);
+  RunAndRelease(*m3, 1, p);
+  ASSERT_EQ(*m3->Allocate(2, p, kB + 3), kB + 2);
+  const std::vector<Copy> c = Copies(*m3);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_NE(c[0].src, c[0].dst);
+  EXPECT_EQ(Table(*m3, 2)[1], c[0].dst);
+  EXPECT_EQ(m3->stats().evictions, 0);
+  EXPECT_EQ(m3->stats().partial_blocks, 1);
+  // A caller that cannot order a copy asks for whole blocks only.
+  EXPECT_EQ(*m3->Allocate(3, p, kB + 3, /*reuse_partial=*/false), kB);
+  EXPECT_THAT(Copies(*m3), IsEmpty());
+}
+
+// A partial block is chained on its parent's registration: when the parent
+// is evicted (or was never registered: a collision), it is unreachable. It
+// never has a hash, so the kvstore neither receives it nor hears of its
+// eviction.
+TEST(KvBlockManagerPartialTest, PartialBlocksFollowTheirParentAndStayOutOfTheStore) {
+  auto m = MakePartial(3, 128, /*recorded=*/16);
+  const std::vector<int32_t> p = Seq(kB + 3, 0);
+  RunAndRelease(*m, 1, p);
+  const std::vector<BlockId> regs = m->TakeRegistrations();
+  ASSERT_EQ(regs.size(), 1u);  // only the full block
+  BlockId partial = -1;
+  for (BlockId b = 0; b < 3; ++b) {
+    if (b != regs[0] && m->stats().partial_blocks == 1 && !m->RegisteredHash(b)) partial = b;
+  }
+  ASSERT_GE(partial, 0);
+  // Evict everything: the partial block goes first (tail first), and no
+  // eviction is recorded for it.
+  ASSERT_TRUE(m->Allocate(2, Seq(3 * kB, 500), 3 * kB).ok());
+  const std::vector<KvBlockManager::Eviction> ev = m->TakeEvictions();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].block, regs[0]);
+  EXPECT_EQ(m->stats().partial_blocks, 0);
+  ASSERT_TRUE(m->Release(2).ok());
+  EXPECT_EQ(m->MatchPrefix(p).cached_tokens, 0);
+
+  // A lane whose parent registration was evicted under it (it chained on
+  // another lane's copy) leaves no partial block: nothing could reach it.
+  auto m2 = MakePartial(4);
+  ASSERT_TRUE(m2->Allocate(1, p, kB + 3).ok());
+  ASSERT_TRUE(m2->Allocate(2, p, kB + 3).ok());
+  ASSERT_TRUE(m2->CommitFullBlocks(1, p).ok());
+  ASSERT_TRUE(m2->CommitFullBlocks(2, p).ok());  // lane 2 chains on lane 1's block 0
+  m2->TakeCopies();
+  ASSERT_TRUE(m2->Release(1).ok());  // its block 0 and partial block 1 are evictable
+  ASSERT_EQ(m2->stats().partial_blocks, 1);
+  ASSERT_TRUE(m2->Allocate(3, Seq(2 * kB, 900), 2 * kB).ok());  // evicts both
+  ASSERT_EQ(m2->stats().evictions, 2);
+  ASSERT_TRUE(m2->Release(2).ok());
+  EXPECT_EQ(m2->stats().partial_blocks, 0);
+  EXPECT_EQ(m2->MatchPrefix(p).cached_tokens, 0);
+
+  // Hash collisions: the partial block needs the exact parent registration.
+  auto m3 = MakePartial(8, /*hash_bits=*/0);
+  RunAndRelease(*m3, 1, p);
+  std::vector<int32_t> q = Seq(kB + 3, 100);
+  for (int i = kB; i < kB + 3; ++i) q[i] = p[i];  // same tail, other first block
+  EXPECT_EQ(m3->MatchPrefix(q).cached_tokens, 0);
+  RunAndRelease(*m3, 2, q);  // its full block collides: chain closed
+  EXPECT_EQ(m3->stats().hash_collisions, 1);
+  EXPECT_EQ(m3->stats().partial_blocks, 1) << "the closed chain left no partial block";
+  EXPECT_EQ(m3->MatchPrefix(q).cached_tokens, 0);
+  EXPECT_EQ(m3->MatchPrefix(p).cached_tokens, kB + 2);
+}
+
+// The same tail released twice is cached once; a longer one replaces a
+// shorter one it extends, and a full block replaces the partial ones it
+// extends.
+TEST(KvBlockManagerPartialTest, OneCachedBlockPerContent) {
+  auto m = MakePartial(16);
+  const std::vector<int32_t> p = Seq(kB + 2, 0);
+  RunAndRelease(*m, 1, p);
+  RunAndRelease(*m, 2, p);
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  EXPECT_EQ(m->stats().evictable_blocks, 2);
+  RunAndRelease(*m, 3, Seq(kB + 3, 0));
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  EXPECT_EQ(m->MatchPrefix(Seq(3 * kB, 0)).cached_tokens, kB + 3);
+  // A shorter tail adds nothing: the longer block has it.
+  RunAndRelease(*m, 4, Seq(kB + 1, 0));
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  RunAndRelease(*m, 5, Seq(2 * kB + 1, 0));
+  EXPECT_EQ(m->stats().partial_blocks, 1) << "the full block dropped the partial one";
+  EXPECT_EQ(m->stats().cached_blocks, 2);
+  EXPECT_EQ(m->MatchPrefix(Seq(3 * kB, 0)).cached_tokens, 2 * kB + 1);
+  EXPECT_EQ(m->stats().evictable_blocks, 3);
+  EXPECT_EQ(m->stats().free_blocks, 13);
+}
+
+// A resent prompt whose copy became the lane's full block registers like any
+// other; Reset forgets partial blocks and queued copies.
+TEST(KvBlockManagerPartialTest, ACopiedBlockFillsUpAndResetForgetsAll) {
+  auto m = MakePartial(8);
+  const std::vector<int32_t> p = Seq(kB + 2, 0);
+  RunAndRelease(*m, 1, p);
+  std::vector<int32_t> q = Seq(2 * kB + 1, 0);
+  ASSERT_EQ(*m->Allocate(2, q, 2 * kB + 1), kB + 2);
+  const std::vector<Copy> c = Copies(*m);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_TRUE(m->CommitFullBlocks(2, q).ok());
+  EXPECT_TRUE(m->RegisteredHash(c[0].dst).has_value());
+  EXPECT_EQ(m->stats().partial_blocks, 0) << "the new full block extends the partial one";
+  ASSERT_TRUE(m->Allocate(3, Seq(kB + 2, 300), kB + 2).ok());
+  ASSERT_TRUE(m->Release(2).ok());
+  EXPECT_EQ(m->stats().partial_blocks, 1);
+  ASSERT_TRUE(m->Allocate(4, Seq(3 * kB, 0), 3 * kB).ok());
+  m->Reset();
+  EXPECT_THAT(Copies(*m), IsEmpty());
+  EXPECT_EQ(m->stats().partial_blocks, 0);
+  EXPECT_EQ(m->MatchPrefix(q).cached_tokens, 0);
+  ExpectCounts(*m, {.free_blocks = 8, .in_use = 0, .evictable = 0, .cached = 0});
+}
+
+// CommitTail, the applier's per-round record between full blocks.
+TEST(KvBlockManagerPartialTest, CommitTailRecordsWhatReleaseKeeps) {
+  auto m = MakePartial(8);
+  EXPECT_EQ(m->CommitTail(1, {}).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(m->Allocate(1, Seq(kB + 1, 0), kB + 1).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, Seq(kB, 0)).ok());
+  EXPECT_EQ(m->CommitTail(1, Seq(kB, 0)).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->CommitTail(1, {kB, kB + 1}).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  EXPECT_EQ(m->MatchPrefix(Seq(3 * kB, 0)).cached_tokens, kB + 2);
+  // No block past the committed ones: nothing to keep a tail in.
+  ASSERT_TRUE(m->Allocate(2, Seq(kB, 100), kB).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(2, Seq(kB, 100)).ok());
+  EXPECT_EQ(m->CommitTail(2, {7}).code(), absl::StatusCode::kInvalidArgument);
+  // Without the option it is accepted and ignored.
+  auto plain = Make(4);
+  ASSERT_TRUE(plain->Allocate(1, Seq(3, 0), 3).ok());
+  ASSERT_TRUE(plain->CommitTail(1, Seq(3, 0)).ok());
+  ASSERT_TRUE(plain->Release(1).ok());
+  EXPECT_EQ(plain->MatchPrefix(Seq(8, 0)).cached_tokens, 0);
+  EXPECT_EQ(plain->stats().free_blocks, 4);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "router/client/round_builder.h"
 #include "services/log.h"
@@ -24,7 +25,26 @@ namespace {
 // drafts the workers just accepted, inputs past lane.seq's end.
 void Commit(KvBlockManager& kv, Lane& lane, int64_t fed, absl::Span<const int32_t> accepted) {
   const int64_t full = fed / kv.block_size_tokens();
-  if (full <= lane.committed_blocks) return;
+  if (full <= lane.committed_blocks) {
+    if (!kv.reuses_partial_blocks()) return;
+    // The positions of the partly filled block, for a resend to reuse once
+    // the lane is released: at most a block of tokens, so no copy of seq.
+    absl::InlinedVector<int32_t, 64> tail;
+    const int64_t seq_len = static_cast<int64_t>(lane.seq.size());
+    for (int64_t p = lane.committed_blocks * kv.block_size_tokens(); p < fed; ++p) {
+      if (p < seq_len) {
+        tail.push_back(lane.seq[static_cast<size_t>(p)]);
+      } else if (p - seq_len < static_cast<int64_t>(accepted.size())) {
+        tail.push_back(accepted[static_cast<size_t>(p - seq_len)]);
+      } else {
+        return;  // not every token is known (cannot happen; see below)
+      }
+    }
+    if (absl::Status st = kv.CommitTail(lane.id, tail); !st.ok()) {
+      RL_LOG(ERROR) << "tail commit of lane " << lane.id << ": " << st;
+    }
+    return;
+  }
   std::vector<int32_t> tokens;
   absl::Span<const int32_t> fed_tokens = lane.seq;
   if (!accepted.empty()) {

@@ -89,7 +89,11 @@ GroupLoop::Probe GroupLoop::ProbePrefix(absl::Span<const int32_t> prompt) const 
   Probe p;
   p.ready = ready_ && kv_ != nullptr;
   if (!p.ready) return p;
-  p.cached_tokens = kv_->MatchPrefix(prompt).cached_tokens;
+  // Whole blocks only: a hit inside a block saves less than a block of
+  // prefill, and BOS alone would pull every prompt to the group that saw
+  // one first, whatever its load.
+  p.cached_tokens =
+      static_cast<int64_t>(kv_->MatchPrefix(prompt).block_ids.size()) * kv_->block_size_tokens();
   p.load = static_cast<int64_t>(s_.lanes.size() + s_.waiting.size());
   return p;
 }
@@ -157,6 +161,7 @@ bool GroupLoop::Connect() {
   const bool tiered = !info.kvstore_address().empty() &&
                       (options_.kv_tiering.offload || options_.kv_tiering.restore);
   if (tiered) o.max_recorded_registrations = options_.kv_tiering.max_pending_offloads;
+  o.reuse_partial_blocks = options_.partial_block_reuse && info.kv_block_copies();
   auto kv = KvBlockManager::Create(o);
   if (!kv.ok()) {
     absl::MutexLock l(&mu_);
@@ -308,6 +313,9 @@ void GroupLoop::RecordPlan(const PlannedRound& round) {
   }
   if (round.preemptions > 0)
     metrics_.preemptions->Increment(static_cast<double>(round.preemptions));
+  if (round.plan.block_copies_size() > 0 && metrics_.kv_block_copies != nullptr) {
+    metrics_.kv_block_copies->Increment(static_cast<double>(round.plan.block_copies_size()));
+  }
   if (round.admitted_any) {
     metrics_.prompt_tokens->Increment(static_cast<double>(round.admitted_prompt_tokens));
     metrics_.cached_prompt_tokens->Increment(static_cast<double>(round.admitted_cached_tokens));

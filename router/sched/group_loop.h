@@ -77,6 +77,9 @@ struct GroupLoopOptions {
   std::chrono::milliseconds reconnect_pause{300};
   // Offload to and restore from the workers' kvstores, when they have them.
   KvTieringOptions kv_tiering;
+  // Token-granular prefix hits (KvBlockManager::Options::reuse_partial_blocks),
+  // where every rank runs block copies.
+  bool partial_block_reuse = true;
 };
 
 // Connects to the group at `addresses`, waiting up to `timeout`.
@@ -106,7 +109,7 @@ class GroupLoop {
 
   struct Probe {
     bool ready = false;
-    int64_t cached_tokens = 0;
+    int64_t cached_tokens = 0;  // in whole blocks of the prompt
     int64_t load = 0;
   };
   // Readiness, cached prefix of `prompt` and load, for placement.

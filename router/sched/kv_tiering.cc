@@ -131,7 +131,10 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
   job.tokens.assign(seq.begin(), seq.begin() + matchable * bs);
   // Allocate caps its match one block short of the tokens given; the blocks
   // past the match are the fresh ones to fill.
-  absl::StatusOr<int64_t> hit = kv.Allocate(job.placeholder, job.tokens, matchable * bs);
+  // Whole blocks only: the restore writes these blocks outside the plans, so
+  // no plan could order a copy into one of them.
+  absl::StatusOr<int64_t> hit =
+      kv.Allocate(job.placeholder, job.tokens, matchable * bs, /*reuse_partial=*/false);
   if (!hit.ok()) return;  // no room now: the choice is prefilled as usual
   job.first_block = *hit / bs;
   absl::StatusOr<absl::Span<const BlockId>> table = kv.BlockTable(job.placeholder);

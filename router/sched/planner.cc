@@ -372,6 +372,12 @@ void Planning::Admit() {
       continue;
     }
     s_.waiting.erase(s_.waiting.begin() + static_cast<std::ptrdiff_t>(next));
+    // A partial-block hit: this plan's first act is the copy its row reads.
+    for (const KvBlockManager::BlockCopy& c : kv_.TakeCopies()) {
+      v1::KvBlockCopy* bc = plan_->add_block_copies();
+      bc->set_src_block_id(c.src);
+      bc->set_dst_block_id(c.dst);
+    }
     if (w.choice == 0 && w.req->cached_tokens < 0) {
       w.req->cached_tokens = *cached;
       out_->admitted_any = true;

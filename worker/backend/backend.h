@@ -39,10 +39,11 @@ class Backend {
   virtual absl::Status AllocateKvPool(const KvPoolSpec& spec) = 0;
   virtual const KvPoolSpec& kv_pool() const = 0;
 
-  // Runs one forward pass over the round: writes every new token's K/V into
-  // its slot and returns the logits asked for. InvalidArgument (and nothing
-  // written) when a token, position or block id is out of range, the blocks do
-  // not cover the positions, or two sequences would write the same slot;
+  // Runs one round: the block copies in order, then one forward pass that
+  // writes every new token's K/V into its slot and returns the logits asked
+  // for. InvalidArgument (and nothing written) when a token, position or
+  // block id is out of range, the blocks do not cover the positions, two
+  // sequences would write the same slot, or a block is copied onto itself;
   // FailedPrecondition before AllocateKvPool.
   virtual absl::StatusOr<RoundOutput> Step(const RoundInput& round) = 0;
 

@@ -179,8 +179,12 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
     seq_of_row[i] = static_cast<int>(in.seqs.size());
     in.seqs.push_back(std::move(s));
   }
+  in.block_copies.reserve(static_cast<size_t>(plan.block_copies_size()));
+  for (const v1::KvBlockCopy& c : plan.block_copies()) {
+    in.block_copies.push_back(BlockCopy{.src = c.src_block_id(), .dst = c.dst_block_id()});
+  }
   RoundOutput out;
-  if (!in.seqs.empty()) {
+  if (!in.seqs.empty() || !in.block_copies.empty()) {
     absl::StatusOr<RoundOutput> o = backend_->Step(in);
     if (!o.ok()) {
       // The backend checks a round completely before its first collective, so

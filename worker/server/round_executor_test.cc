@@ -255,5 +255,85 @@ TEST_F(RoundExecutorTest, AllowedTokensAreValidatedAndApplied) {
   EXPECT_EQ(ok.outputs(0).tokens(0).token_id(), 7);
 }
 
+// Copy-on-write of a partly reused block: a lane that takes positions
+// [0, 5) of another lane's prompt, block 0 shared and block 1 copied onto a
+// block of its own, feeds only the last prompt token and samples exactly what
+// the first lane sampled, logprobs included, although the copy also carries
+// rows the first lane wrote after position 5. A bad copy rejects the whole
+// plan and writes nothing.
+TEST_F(RoundExecutorTest, ACopiedBlockResumesMidBlock) {
+  const std::vector<int32_t> prompt = {1, 17, 33, 90, 4, 250};
+  const Sampled solo = RunLane(1, prompt, /*decodes=*/3, /*first_block=*/0, {});
+  ASSERT_EQ(solo.ids.size(), 4u);
+
+  std::vector<uint8_t> before;
+  ASSERT_TRUE(backend_->ExportKvBlock(8, &before).ok());
+  const int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+  auto plan_for = [&](uint64_t lane, std::vector<std::pair<int, int>> copies) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id_);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->set_start_position(5);
+    row->add_token_ids(prompt[5]);
+    row->add_block_ids(0);
+    row->add_block_ids(8);
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Params();
+    row->set_choice_index(1);
+    for (auto [src, dst] : copies) {
+      v1::KvBlockCopy* c = plan.add_block_copies();
+      c->set_src_block_id(src);
+      c->set_dst_block_id(dst);
+    }
+    return plan;
+  };
+  const struct {
+    std::vector<std::pair<int, int>> copies;
+    const char* why;
+  } bad[] = {
+      {{{1, 8}, {8, 8}}, "copied onto itself"},
+      {{{1, 8}, {16, 9}}, "outside pool"},
+      {{{-1, 8}}, "outside pool"},
+  };
+  for (const auto& c : bad) {
+    absl::StatusOr<v1::RoundResult> r = exec_->Run(plan_for(60, c.copies));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->error().code(), kInvalid) << c.why;
+    EXPECT_THAT(r->error().message(), HasSubstr(c.why));
+    EXPECT_EQ(exec_->num_lanes(), 1u) << "only the first lane";
+    std::vector<uint8_t> now;
+    ASSERT_TRUE(backend_->ExportKvBlock(8, &now).ok());
+    EXPECT_EQ(now, before) << c.why << ": a rejected plan copied a block";
+  }
+
+  absl::StatusOr<v1::RoundResult> r = exec_->Run(plan_for(61, {{1, 8}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->error().code(), 0) << r->error().message();
+  ASSERT_EQ(r->outputs_size(), 1);
+  ASSERT_EQ(r->outputs(0).tokens_size(), 1);
+  EXPECT_EQ(r->outputs(0).tokens(0).token_id(), solo.ids[0]);
+  EXPECT_EQ(r->outputs(0).tokens(0).logprob(), solo.logprobs[0]);
+  // Decoding on from there continues the first lane's text bit for bit.
+  for (int k = 1; k < 4; ++k) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id_);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(61);
+    row->set_start_position(5 + k);
+    row->set_use_last_sampled(true);
+    row->add_block_ids(0);
+    row->add_block_ids(8);
+    if (5 + k >= 2 * kBlock) row->add_block_ids(9);
+    row->set_sample_last(true);
+    absl::StatusOr<v1::RoundResult> d = exec_->Run(plan);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_EQ(d->error().code(), 0) << d->error().message();
+    ASSERT_EQ(d->outputs_size(), 1);
+    EXPECT_EQ(d->outputs(0).tokens(0).token_id(), solo.ids[k]) << k;
+    EXPECT_EQ(d->outputs(0).tokens(0).logprob(), solo.logprobs[k]) << k;
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker

@@ -86,6 +86,7 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->mutable_limits()->set_max_abs_logit_bias(kMaxAbsLogitBias);
   info->set_kvstore_address(kvstore_ != nullptr ? id_.kvstore_address : "");
   info->set_kv_layout_fingerprint(id_.kv_layout_fingerprint);
+  info->set_kv_block_copies(true);
   GroupMember::State s = group_->state();
   info->set_group(id_.group);
   info->set_group_epoch(s.ready ? s.epoch : 0);

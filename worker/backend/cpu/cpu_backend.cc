@@ -151,11 +151,28 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
       }
     }
   }
+  for (size_t c = 0; c < round.block_copies.size(); ++c) {
+    const BlockCopy& bc = round.block_copies[c];
+    for (int32_t b : {bc.src, bc.dst}) {
+      if (b < 0 || b >= kv_spec_.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block copy ", c, ": KV block ", b, " outside pool [0, ", kv_spec_.num_blocks, ")"));
+      }
+    }
+    if (bc.src == bc.dst) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block copy ", c, ": KV block ", bc.src, " copied onto itself"));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
   if (absl::Status st = Validate(round); !st.ok()) return st;
+  for (const BlockCopy& bc : round.block_copies) {
+    std::memcpy(kv_->BlockData(bc.dst), kv_->BlockData(bc.src),
+                static_cast<size_t>(kv_->block_bytes()));
+  }
   return graph_->Forward(round, &ops_);
 }
 
