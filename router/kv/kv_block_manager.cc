@@ -132,11 +132,12 @@ bool KvBlockManager::LinkValid(const Link& link) const {
 }
 
 KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens,
-                                                 size_t max_blocks, int64_t max_tokens,
                                                  bool partial) const {
   PrefixMatch match;
+  // The last token is always recomputed: its logits give the first sample.
+  const int64_t max_tokens = tokens.empty() ? 0 : static_cast<int64_t>(tokens.size()) - 1;
   const size_t bs = static_cast<size_t>(block_size_);
-  const size_t n = std::min(max_blocks, tokens.size() / bs);
+  const size_t n = static_cast<size_t>(max_tokens) / bs;
   BlockHash hash = root_;
   Link link;
   for (size_t i = 0; i < n; ++i) {
@@ -181,9 +182,7 @@ KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> token
 }
 
 KvBlockManager::PrefixMatch KvBlockManager::MatchPrefix(absl::Span<const int32_t> tokens) const {
-  // The last token is always recomputed: its logits give the first sample.
-  const int64_t max_tokens = tokens.empty() ? 0 : static_cast<int64_t>(tokens.size()) - 1;
-  return Walk(tokens, static_cast<size_t>(max_tokens / block_size_), max_tokens, reuse_partial_);
+  return Walk(tokens, reuse_partial_);
 }
 
 void KvBlockManager::AddChild(BlockId id) {
@@ -282,9 +281,7 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
     return absl::InvalidArgumentError(
         absl::StrCat("num_positions must be >= 0, got ", num_positions));
   }
-  const int64_t max_tokens = prompt.empty() ? 0 : static_cast<int64_t>(prompt.size()) - 1;
-  PrefixMatch match = Walk(prompt, static_cast<size_t>(max_tokens / block_size_), max_tokens,
-                           reuse_partial_ && reuse_partial);
+  PrefixMatch match = Walk(prompt, reuse_partial_ && reuse_partial);
   const int64_t matched = static_cast<int64_t>(match.block_ids.size());
   // Matched blocks that sit in the LRU are about to be referenced, so they
   // cannot also be evicted to make room; neither can a partial hit's source

@@ -325,10 +325,9 @@ class KvBlockManager {
   explicit KvBlockManager(Options options);
 
   BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens) const;
-  // Walks the cached chain of `tokens` over at most max_blocks full blocks,
-  // then (with `partial`) at most max_tokens tokens in all.
-  PrefixMatch Walk(absl::Span<const int32_t> tokens, size_t max_blocks, int64_t max_tokens,
-                   bool partial) const;
+  // Walks the cached chain of all but the last of `tokens`: full blocks,
+  // then (with `partial`) the first positions of one more block.
+  PrefixMatch Walk(absl::Span<const int32_t> tokens, bool partial) const;
   static ChildKey KeyOf(const Link& parent, int32_t first_token) {
     return ChildKey{
         .parent = parent.block, .generation = parent.generation, .first_token = first_token};
