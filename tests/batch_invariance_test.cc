@@ -130,5 +130,51 @@ TEST(SyntheticFp8Invariance, ConcurrentEqualsSolo) {
   ExpectSameAsSolo(backend->get(), FiveLanes(prompts));
 }
 
+// The DeepSeek family: absorbed latent attention over the latent cache, MoE
+// routing (groups, correction bias, shared experts) beside dense layers, in
+// each weight and KV dtype; the FP8 case has weights past their 128-wide
+// blocks, queries without a latent (q_proj) and YaRN RoPE.
+struct DeepseekCase {
+  std::string name;
+  std::string preset;
+  worker::DType weights;
+  worker::DType kv;
+};
+
+class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
+
+TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
+  const DeepseekCase& c = GetParam();
+  auto o = worker::SyntheticPreset(c.preset);
+  ASSERT_TRUE(o.ok()) << o.status();
+  o->out_dir = ::testing::TempDir() + "/rl_invariance_" + c.name;
+  o->dtype = c.weights;
+  o->max_position = 512;
+  if (c.weights == worker::DType::kFP8E4M3) {
+    o->hidden = 160;
+    o->q_lora_rank = 0;
+    o->yarn_factor = 4.0f;
+  }
+  auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 4 + 9 * i; ++j) p.push_back((j * 37 + i * 101 + 3) % o->vocab);
+    prompts.push_back(p);
+  }
+  ExpectSameAsSolo(backend->get(), FiveLanes(prompts));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeepseekInvariance,
+                         ::testing::Values(DeepseekCase{"deepseek_v3_f32", "deepseek-tiny",
+                                                        worker::DType::kF32, worker::DType::kF32},
+                                           DeepseekCase{"glm_moe_dsa_bf16", "glm5-tiny",
+                                                        worker::DType::kBF16, worker::DType::kBF16},
+                                           DeepseekCase{"deepseek_v3_fp8", "deepseek-tiny",
+                                                        worker::DType::kFP8E4M3,
+                                                        worker::DType::kFP8E4M3}),
+                         [](const auto& info) { return info.param.name; });
+
 }  // namespace
 }  // namespace ringlane

@@ -158,17 +158,16 @@ TEST_P(StoriesTp, TeacherForcedMatchesTp1AndGreedyMatchesGolden) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, StoriesTp, ::testing::Values(2, 4));
 
-// Five lanes in shared rounds across a TP group give exactly their solo
+// Five lanes in shared rounds across a TP4 group give exactly their solo
 // tokens and logits: the rank-order all-reduce keeps batch invariance.
-TEST(StoriesTp4, ConcurrentEqualsSolo) {
-  const std::string model = SourcePath("deploy/models/stories260K/stories260K.bin");
-  const std::string dir = ::testing::TempDir() + "/rl_tp_inv_" + std::to_string(getpid());
-  bool ok = RunGroup(4, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(model, rank, 4, comm, worker::DType::kFP8E4M3);
+bool ConcurrentEqualsSoloTp4(const std::string& model, worker::DType kv, int vocab,
+                             const std::string& dir) {
+  return RunGroup(4, dir, [&](int rank, worker::Communicator* comm) {
+    auto b = ShardBackend(model, rank, 4, comm, kv);
     if (!b.ok()) return 2;
     std::vector<testing::LaneSpec> lanes(5);
     for (int i = 0; i < 5; ++i) {
-      for (int j = 0; j < 3 + 5 * i; ++j) lanes[i].prompt.push_back((j * 31 + i * 7 + 1) % 512);
+      for (int j = 0; j < 3 + 5 * i; ++j) lanes[i].prompt.push_back((j * 31 + i * 7 + 1) % vocab);
       lanes[i].max_new_tokens = 12 + 3 * i;
       lanes[i].arrival_round = (i * 3) % 7;
     }
@@ -193,7 +192,35 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
     }
     return 0;
   });
-  EXPECT_TRUE(ok);
+}
+
+TEST(StoriesTp4, ConcurrentEqualsSolo) {
+  EXPECT_TRUE(ConcurrentEqualsSoloTp4(
+      SourcePath("deploy/models/stories260K/stories260K.bin"), worker::DType::kFP8E4M3, 512,
+      ::testing::TempDir() + "/rl_tp_inv_" + std::to_string(getpid())));
+}
+
+// Max |TP(world) - TP1| of the teacher-forced logits of `seq` (prefill
+// chunks of `chunk`), F32 KV; INFINITY when a rank fails.
+double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>& seq, int chunk,
+                           int world) {
+  auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32}, {.threads = 1});
+  EXPECT_TRUE(tp1.ok()) << tp1.status();
+  if (!tp1.ok()) return INFINITY;
+  auto ref = testing::TeacherForcedLogits(tp1->get(), seq, chunk);
+  EXPECT_TRUE(ref.ok()) << ref.status();
+  if (!ref.ok()) return INFINITY;
+  const std::string dir = model + "_group" + std::to_string(world);
+  const std::string out = model + ".logits" + std::to_string(world);
+  bool ok = RunGroup(world, dir, [&](int rank, worker::Communicator* comm) {
+    auto b = ShardBackend(model, rank, world, comm, worker::DType::kF32);
+    if (!b.ok()) return 2;
+    auto logits = testing::TeacherForcedLogits(b->get(), seq, chunk);
+    if (!logits.ok()) return 3;
+    if (rank == 0) WriteFloats(out, *logits);
+    return 0;
+  });
+  return ok ? MaxDiff(*ref, ReadFloats(out)) : INFINITY;
 }
 
 // KV-head replication: 8 query heads over 2 KV heads at TP4 (each rank keeps
@@ -205,24 +232,42 @@ TEST(SyntheticTp4, KvHeadReplicationMatchesTp1) {
   ASSERT_TRUE(worker::WriteSyntheticModel(o).ok());
   std::vector<int32_t> seq;
   for (int i = 0; i < 48; ++i) seq.push_back((i * 97 + 5) % 512);
-  auto tp1 = testing::MakeCpuBackend(o.out_dir, {128, 16, worker::DType::kF32}, {.threads = 1});
-  ASSERT_TRUE(tp1.ok());
-  auto ref = testing::TeacherForcedLogits(tp1->get(), seq, 7);
-  ASSERT_TRUE(ref.ok());
-  const std::string dir = o.out_dir + "_group";
-  const std::string out = o.out_dir + ".logits";
-  bool ok = RunGroup(4, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(o.out_dir, rank, 4, comm, worker::DType::kF32);
-    if (!b.ok()) return 2;
-    auto logits = testing::TeacherForcedLogits(b->get(), seq, 7);
-    if (!logits.ok()) return 3;
-    if (rank == 0) WriteFloats(out, *logits);
-    return 0;
-  });
-  ASSERT_TRUE(ok);
-  const double diff = MaxDiff(*ref, ReadFloats(out));
+  const double diff = TeacherForcedTpDiff(o.out_dir, seq, 7, 4);
   std::printf("synthetic TP4 vs TP1: max |logit difference| %.3g\n", diff);
   EXPECT_LT(diff, 1e-3);
+}
+
+// The DeepSeek family sharded: each rank its heads of the latent attention
+// (the latent itself whole), its columns of every expert, of the shared
+// expert and of the dense MLP. Same bound as above: rounding only (measured
+// below 1e-5 with logits of order 1), and a misplaced head or column is an
+// error of order 1.
+worker::SyntheticModelOptions DeepseekTpModel() {
+  auto o = worker::SyntheticPreset("glm5-tiny");
+  EXPECT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_tp_deepseek_" + std::to_string(getpid());
+  o->dtype = worker::DType::kF32;
+  EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  return *o;
+}
+
+class DeepseekTp : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeepseekTp, TeacherForcedMatchesTp1) {
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 40; ++i) seq.push_back((i * 97 + 5) % o.vocab);
+  const double diff = TeacherForcedTpDiff(o.out_dir, seq, 6, GetParam());
+  std::printf("glm_moe_dsa TP%d vs TP1: max |logit difference| %.3g\n", GetParam(), diff);
+  EXPECT_LT(diff, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeepseekTp, ::testing::Values(2, 4));
+
+TEST(DeepseekTp4, ConcurrentEqualsSolo) {
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  EXPECT_TRUE(
+      ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab, o.out_dir + "_inv"));
 }
 
 }  // namespace

@@ -33,6 +33,13 @@ ABSL_FLAG(std::string, dtype, "",
 ABSL_FLAG(uint64_t, seed, 1, "weights are a function of the seed alone, whatever the dtype");
 ABSL_FLAG(int, shards, 1, "number of safetensors files (> 1 adds model.safetensors.index.json)");
 ABSL_FLAG(bool, tie_embeddings, false, "share the embedding with the output layer");
+ABSL_FLAG(std::string, family, "",
+          "model_type: llama, deepseek_v3, deepseek_v32 or glm_moe_dsa; empty = the preset's");
+ABSL_FLAG(int, q_lora_rank, -1,
+          "DeepSeek family: query latent rank, 0 = q_proj without one; -1 = the preset's");
+ABSL_FLAG(int, experts, -1, "DeepSeek family: routed experts, 0 = all dense; -1 = the preset's");
+ABSL_FLAG(double, yarn_factor, 0.0,
+          "DeepSeek family: YaRN RoPE scaling factor (> 1), over max_position / factor");
 
 namespace {
 
@@ -47,7 +54,7 @@ void RequirePositive(const char* name, int v) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Writes a synthetic Llama-shaped model directory.\n"
+      "Writes a synthetic Llama- or DeepSeek-shaped model directory.\n"
       "  ringlane-synth-model --preset=1b1 --out=/tmp/synth-1b1-fp8");
   absl::ParseCommandLine(argc, argv);
 
@@ -91,6 +98,15 @@ int main(int argc, char** argv) {
   }
   o.seed = absl::GetFlag(FLAGS_seed);
   o.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
+  if (!absl::GetFlag(FLAGS_family).empty()) o.family = absl::GetFlag(FLAGS_family);
+  // Zero is meaningful for these two, so only -1 keeps the preset's.
+  for (auto [flag, field] : {std::pair{&FLAGS_q_lora_rank, &o.q_lora_rank},
+                             std::pair{&FLAGS_experts, &o.n_routed_experts}}) {
+    const int v = absl::GetFlag(*flag);
+    if (v < -1) ExitWithUsageError(absl::StrCat("--q_lora_rank and --experts take -1 or more"));
+    if (v >= 0) *field = v;
+  }
+  o.yarn_factor = static_cast<float>(absl::GetFlag(FLAGS_yarn_factor));
   if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0) {
     ExitWithUsageError(
         absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (", o.heads, ")"));

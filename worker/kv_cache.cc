@@ -11,7 +11,9 @@ namespace ringlane::worker {
 
 namespace {
 
-absl::Status ValidateShape(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec) {
+absl::Status ValidateShape(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec,
+                           int planes) {
+  if (planes != 1 && planes != 2) return absl::InvalidArgumentError("KV cache: 1 or 2 planes");
   if (layers <= 0 || kv_heads <= 0 || head_dim <= 0) {
     return absl::InvalidArgumentError("KV cache: layers, kv_heads and head_dim must be positive");
   }
@@ -29,14 +31,16 @@ absl::Status ValidateShape(int layers, int kv_heads, int head_dim, const KvPoolS
 }  // namespace
 
 absl::StatusOr<int64_t> KvCache::BlockBytes(int layers, int kv_heads, int head_dim,
-                                            const KvPoolSpec& spec) {
-  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec); !st.ok()) return st;
+                                            const KvPoolSpec& spec, int planes) {
+  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec, planes); !st.ok()) {
+    return st;
+  }
   // The same arithmetic as the constructor, which owns the layout.
-  return KvCache(layers, kv_heads, head_dim, spec).block_bytes_;
+  return KvCache(layers, kv_heads, head_dim, spec, planes).block_bytes_;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_heads, int head_dim,
-                                                         const KvPoolSpec& spec) {
+                                                         const KvPoolSpec& spec, int planes) {
   // The pool's size is checked between the shape and the dtype, so that each
   // bad spec keeps the message it always had.
   if (spec.num_blocks <= 0 && layers > 0 && kv_heads > 0 && head_dim > 0) {
@@ -44,8 +48,10 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
                                                    ") and block_size (", spec.block_size,
                                                    ") must be positive"));
   }
-  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec); !st.ok()) return st;
-  std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec));
+  if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec, planes); !st.ok()) {
+    return st;
+  }
+  std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec, planes));
   try {
     kv->data_.assign(static_cast<size_t>(kv->block_bytes_) * spec.num_blocks, 0);
   } catch (const std::bad_alloc&) {
@@ -55,27 +61,28 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   return kv;
 }
 
-KvCache::KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec)
+KvCache::KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes)
     : layers_(layers),
+      planes_(planes),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       spec_(spec),
       esize_(static_cast<int64_t>(DTypeSize(spec.dtype))) {
-  elems_bytes_ = int64_t{layers} * 2 * spec.block_size * kv_heads * head_dim * esize_;
+  elems_bytes_ = int64_t{layers} * planes * spec.block_size * kv_heads * head_dim * esize_;
   block_bytes_ = elems_bytes_;
   if (spec.dtype == DType::kFP8E4M3) {
-    block_bytes_ += int64_t{layers} * 2 * spec.block_size * kv_heads * int64_t{sizeof(float)};
+    block_bytes_ += int64_t{layers} * planes * spec.block_size * kv_heads * int64_t{sizeof(float)};
   }
   for (int i = 0; i < 256; ++i) fp8_lut_[i] = Fp8E4M3ToFloat(static_cast<uint8_t>(i));
 }
 
 int64_t KvCache::ElemOffset(int layer, int kv, int slot, int head) const {
-  int64_t idx = ((int64_t{layer} * 2 + kv) * spec_.block_size + slot) * kv_heads_ + head;
+  int64_t idx = ((int64_t{layer} * planes_ + kv) * spec_.block_size + slot) * kv_heads_ + head;
   return idx * head_dim_ * esize_;
 }
 
 int64_t KvCache::ScaleOffset(int layer, int kv, int slot, int head) const {
-  int64_t idx = ((int64_t{layer} * 2 + kv) * spec_.block_size + slot) * kv_heads_ + head;
+  int64_t idx = ((int64_t{layer} * planes_ + kv) * spec_.block_size + slot) * kv_heads_ + head;
   return elems_bytes_ + idx * int64_t{sizeof(float)};
 }
 

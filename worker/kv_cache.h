@@ -7,6 +7,8 @@
 // Block layout (so a block is one contiguous byte range for export/import):
 //   for layer, for kv in {K, V}: [block_size][kv_heads][head_dim] elements
 //   then, FP8 only, for layer, for kv: [block_size][kv_heads] float scales.
+// A latent cache (MLA) has one plane per layer instead of K and V: one "head"
+// holding the latent and the rope key of each token (kv is always 0).
 //
 // Owned by a backend, so by the worker's step loop thread (the only thread
 // that runs rounds and KV block moves, worker/server/step_loop.h). Within one
@@ -34,19 +36,20 @@ class KvCache {
  public:
   // Errors: InvalidArgument for a non-positive size or an unsupported dtype
   // (F16 is not offered), ResourceExhausted when the pool cannot be allocated.
+  // `planes`: 2 for K and V, 1 for a latent cache.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int layers, int kv_heads, int head_dim,
-                                                         const KvPoolSpec& spec);
+                                                         const KvPoolSpec& spec, int planes = 2);
 
   // Bytes of one block of a pool of this shape (spec.num_blocks is not looked
   // at), without allocating anything: what Create would give block_bytes().
   // InvalidArgument as Create.
   static absl::StatusOr<int64_t> BlockBytes(int layers, int kv_heads, int head_dim,
-                                            const KvPoolSpec& spec);
+                                            const KvPoolSpec& spec, int planes = 2);
 
   const KvPoolSpec& spec() const { return spec_; }
   int64_t block_bytes() const { return block_bytes_; }
 
-  // Stores one token's K (kv = 0) or V (kv = 1) for all KV heads
+  // Stores one token's K (kv = 0) or V (kv = 1) — or its latent (kv = 0) — for all KV heads
   // (src: [kv_heads][head_dim] floats) into (block, slot) of `layer`.
   void Store(int32_t block, int slot, int layer, int kv, const float* src);
 
@@ -59,12 +62,13 @@ class KvCache {
   const uint8_t* BlockData(int32_t block) const { return data_.data() + block * block_bytes_; }
 
  private:
-  KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec);
+  KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes);
 
   int64_t ElemOffset(int layer, int kv, int slot, int head) const;
   int64_t ScaleOffset(int layer, int kv, int slot, int head) const;
 
   const int layers_;
+  const int planes_;  // 2 (K, V) or 1 (latent)
   const int kv_heads_;
   const int head_dim_;
   const KvPoolSpec spec_;

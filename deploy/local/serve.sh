@@ -94,7 +94,8 @@ rank1=$(listening "$LOGS/rank1.out" "${pids[2]}" worker)
 pids+=($!)
 router=$(listening "$LOGS/router.out" "${pids[3]}" router)
 http=$(listening "$LOGS/router.out" "${pids[3]}" http)
-model=stories260K
+# The workers' model id: a directory's name (a llama2.c file's directory's).
+if [ -d "$MODEL" ]; then model=$(basename "$MODEL"); else model=$(basename "$(dirname "$MODEL")"); fi
 echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
 echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; offload and restore on)" >&2
 echo "serve: speculative decoding: $SPEC_DRAFTERS (SPEC_DRAFTERS=none turns it off)" >&2

@@ -55,6 +55,20 @@ struct AttentionHeads {
   int group = 1;     // query heads per KV head in the whole model
 };
 
+// Absorbed multi-head latent attention over a latent cache (StoreLatent):
+// row t's local head h scores context position j as
+//   scale * (q_lat[t][h] . c_j + q_pe(t, h) . pe_j)
+// and its output is the probability-weighted sum of the latents c_j.
+struct LatentHeads {
+  int heads = 0;       // local heads
+  int latent_dim = 0;  // kv_lora_rank
+  int rope_dim = 0;
+  float scale = 0.0f;
+  // q_pe(t, h) is rope_dim floats at q_pe + t * pe_ld + h * pe_stride.
+  int64_t pe_ld = 0;
+  int64_t pe_stride = 0;
+};
+
 class ComputeOps {
  public:
   virtual ~ComputeOps() = default;
@@ -102,6 +116,36 @@ class ComputeOps {
   // q and out: [rows][ld].
   virtual void AttendPaged(int layer, const AttentionHeads& heads, const float* q, float* out,
                            int64_t ld) = 0;
+
+  // y[m] = w^T x[m] for m < rows (x rows of w.rows floats, y rows of w.cols):
+  // each output sums over w's rows in increasing order, whatever `rows` is.
+  virtual void MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+                                int64_t ldy) = 0;
+
+  // Writes each row's latent (latent_dim floats at c + t * ldc) and RoPE key
+  // (rope_dim floats at pe + t * ldpe) into its slot of `layer` in a latent cache.
+  virtual void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
+                           int64_t ldpe, int rope_dim) = 0;
+  // Causal latent attention (LatentHeads) of every row over its sequence's
+  // context in the latent cache of `layer`, this round's rows included.
+  // q_lat and out: [rows][heads][latent_dim].
+  virtual void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat,
+                            const float* q_pe, float* out) = 0;
+
+  // MoE routing of each row from its router logits ([rows][n_routed]) as
+  // `moe` says (scores, correction bias for the choice, group-limited top-k,
+  // normalisation, scaling): experts[t * k + s] and weights[t * k + s] for its
+  // k = experts_per_token choices, best first (ties to the lower expert).
+  virtual void MoeRoute(const float* logits, int rows, const MoeConfig& moe,
+                        absl::Span<const float> correction_bias, int32_t* experts,
+                        float* weights) = 0;
+  // out[rows[r]] = x[r] for r < rows.size(), rows of `dim` floats.
+  virtual void ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
+                           float* out) = 0;
+  // out[t] = sum over s < k, in increasing s, of weights[t * k + s] * y[t * k + s],
+  // rows of `dim` floats, for t < rows.
+  virtual void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows,
+                              int64_t dim, float* out) = 0;
 
   // gate = silu(gate) * up, elementwise over [rows][cols].
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;

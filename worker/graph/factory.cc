@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "worker/graph/deepseek.h"
 #include "worker/graph/llama.h"
 
 namespace ringlane::worker {
@@ -18,8 +19,18 @@ bool IsLlamaFamily(const std::string& model_type) {
 }
 
 absl::Status NoGraph(const std::string& model_type) {
-  return absl::UnimplementedError(absl::StrCat("no forward pass for model_type '", model_type,
-                                               "' (supported: llama, mistral, qwen2)"));
+  return absl::UnimplementedError(
+      absl::StrCat("no forward pass for model_type '", model_type,
+                   "' (supported: llama, mistral, qwen2, deepseek_v3, deepseek_v32, "
+                   "glm_moe_dsa)"));
+}
+
+// The loader fills a DeepSeek-family config's latent attention; a config
+// that names the family without it cannot be run as one.
+absl::Status CheckDeepseek(const ModelConfig& config) {
+  if (IsMla(config)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model_type '", config.model_type, "' needs latent attention (kv_lora_rank) in its config"));
 }
 
 }  // namespace
@@ -29,12 +40,20 @@ absl::StatusOr<std::unique_ptr<ModelGraph>> CreateGraph(std::shared_ptr<const Mo
   if (IsLlamaFamily(shard->config.model_type)) {
     return std::make_unique<LlamaGraph>(std::move(shard));
   }
+  if (IsDeepseekFamily(shard->config.model_type)) {
+    if (absl::Status s = CheckDeepseek(shard->config); !s.ok()) return s;
+    return std::make_unique<DeepseekGraph>(std::move(shard));
+  }
   return NoGraph(shard->config.model_type);
 }
 
 absl::StatusOr<std::vector<LayerCacheSpec>> GraphLayerCaches(const ModelConfig& config,
                                                              const TpShard& shard) {
   if (IsLlamaFamily(config.model_type)) return LlamaGraph::LayerCaches(config, shard);
+  if (IsDeepseekFamily(config.model_type)) {
+    if (absl::Status s = CheckDeepseek(config); !s.ok()) return s;
+    return DeepseekGraph::LayerCaches(config, shard);
+  }
   return NoGraph(config.model_type);
 }
 

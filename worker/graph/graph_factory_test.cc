@@ -9,6 +9,7 @@
 #include "worker/graph/factory.h"
 #include "worker/model/model.h"
 #include "worker/model/shard.h"
+#include "worker/model/synthetic.h"
 #include "worker/testing/models.h"
 
 namespace ringlane::worker {
@@ -44,10 +45,10 @@ TEST(GraphFactory, LlamaFamilyModelTypesGetTheLlamaGraph) {
 // A family with no graph is an error at creation, never an abort or a wrong
 // forward pass, and the backend and the pool sizing say so too.
 TEST(GraphFactory, UnknownFamilyIsUnimplementedEverywhere) {
-  std::shared_ptr<const ModelWeights> m = As("glm_moe_dsa");
+  std::shared_ptr<const ModelWeights> m = As("glm5_next");
   absl::StatusOr<std::unique_ptr<ModelGraph>> g = CreateGraph(m);
   EXPECT_TRUE(absl::IsUnimplemented(g.status())) << g.status();
-  EXPECT_THAT(std::string(g.status().message()), HasSubstr("glm_moe_dsa"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("glm5_next"));
   EXPECT_TRUE(absl::IsUnimplemented(CreateCpuBackend(m, {}).status()));
   EXPECT_TRUE(absl::IsUnimplemented(GraphLayerCaches(m->config, m->shard).status()));
   EXPECT_TRUE(absl::IsUnimplemented(
@@ -78,6 +79,45 @@ TEST(GraphFactory, CachesFromTheConfigAreTheBackendsCaches) {
     // And the pool it allocates has the block size the sizing promised.
     const KvPoolSpec spec{3, 16, DType::kBF16};
     ASSERT_TRUE((*b)->AllocateKvPool(spec).ok());
+    absl::StatusOr<int64_t> bytes = KvBlockBytes(kCpuBackend, m->config, m->shard, spec);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_EQ((*b)->kv_block_bytes(), *bytes);
+  }
+}
+
+// A DeepSeek-family type over a config without latent attention (never what
+// the loader makes) is refused, not run as a latent graph of zero sizes.
+TEST(GraphFactory, DeepseekTypeWithoutLatentAttentionIsInvalid) {
+  std::shared_ptr<const ModelWeights> m = As("glm_moe_dsa");
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateGraph(m).status())) << CreateGraph(m).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(GraphLayerCaches(m->config, m->shard).status()));
+}
+
+// The DeepSeek family keeps one latent cache per layer: kv_lora_rank +
+// qk_rope_head_dim values per token, the same on every TP rank.
+TEST(GraphFactory, DeepseekFamilyKeepsOneLatentPerTokenAndLayer) {
+  auto o = SyntheticPreset("deepseek-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_graph_factory_deepseek";
+  ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+  auto loaded = LoadModel(o->out_dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::shared_ptr<const ModelWeights> full(std::move(*loaded));
+  auto shard = ShardModel(full, 1, 2);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const int width = o->kv_lora_rank + o->qk_rope_head_dim;
+  for (const auto& m : {full, *shard}) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCpuBackend(m, {});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->name().find("cpu"), 0u);
+    for (const LayerCacheSpec& c : (*b)->layer_caches()) {
+      EXPECT_EQ(c.kind, CacheKind::kLatentKv);
+      EXPECT_EQ(c.latent_dim, o->kv_lora_rank);
+      EXPECT_EQ(c.rope_dim, o->qk_rope_head_dim);
+    }
+    const KvPoolSpec spec{3, 16, DType::kF32};
+    ASSERT_TRUE((*b)->AllocateKvPool(spec).ok());
+    EXPECT_EQ((*b)->kv_block_bytes(), int64_t{o->layers} * 16 * width * 4);
     absl::StatusOr<int64_t> bytes = KvBlockBytes(kCpuBackend, m->config, m->shard, spec);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     EXPECT_EQ((*b)->kv_block_bytes(), *bytes);

@@ -1,6 +1,5 @@
 #include "worker/graph/llama.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "ringlane/v1/common.pb.h"
@@ -25,11 +24,7 @@ enum Slot : int {
   kTmp,     // [T][hidden] a block's output before the residual add
   kGate,    // [T][intermediate]
   kUp,      // [T][intermediate]
-  kPicked,  // [R][hidden] the rows whose logits are asked for
-  kNormed,  // [R][hidden]
-  kLogits,  // [R][vocab]
-  kLocal,   // [R][vocab rows of this rank]
-  kAll,     // [world][R][vocab rows of a rank]
+  kPicked,  // RoundIndex::Head's five slots
 };
 
 }  // namespace
@@ -64,32 +59,7 @@ absl::StatusOr<RoundOutput> LlamaGraph::Forward(const RoundInput& round, Compute
     return tp ? ops->AllReduceSum(data, n) : absl::OkStatus();
   };
 
-  int64_t T = 0;
-  seq_row0_.clear();
-  for (const SeqStep& s : round.seqs) {
-    seq_row0_.push_back(T);
-    T += static_cast<int64_t>(s.tokens.size());
-  }
-  tokens_.resize(T);
-  positions_.resize(T);
-  row_seq_.resize(T);
-  for (size_t s = 0; s < round.seqs.size(); ++s) {
-    const SeqStep& seq = round.seqs[s];
-    for (size_t i = 0; i < seq.tokens.size(); ++i) {
-      const int64_t t = seq_row0_[s] + static_cast<int64_t>(i);
-      tokens_[t] = seq.tokens[i];
-      positions_[t] = seq.start_position + static_cast<int64_t>(i);
-      row_seq_[t] = static_cast<int>(s);
-    }
-  }
-  RoundRows rows_info;
-  rows_info.round = &round;
-  rows_info.rows = T;
-  rows_info.tokens = tokens_.data();
-  rows_info.positions = positions_.data();
-  rows_info.row_seq = row_seq_.data();
-  rows_info.seq_row0 = seq_row0_.data();
-  ops->BeginRound(rows_info);
+  const int64_t T = index_.Begin(round, ops);
 
   float* x = ops->Scratch(kX, T * D);
   float* xb = ops->Scratch(kXb, T * D);
@@ -139,47 +109,8 @@ absl::StatusOr<RoundOutput> LlamaGraph::Forward(const RoundInput& round, Compute
   }
 
   // Logits only for the rows asked for.
-  want_.clear();
-  for (size_t s = 0; s < round.seqs.size(); ++s) {
-    for (int32_t o : round.seqs[s].logit_offsets) want_.push_back(seq_row0_[s] + o);
-  }
-  if (want_.empty()) return out;
-  if (absl::Status st = Head(round, ops, &out); !st.ok()) return st;
+  if (absl::Status st = index_.Head(*model_, round, x, kPicked, ops, &out); !st.ok()) return st;
   return out;
-}
-
-absl::Status LlamaGraph::Head(const RoundInput& round, ComputeOps* ops, RoundOutput* out) {
-  const int D = cfg_.hidden;
-  const int R = static_cast<int>(want_.size());
-  const float* x = ops->Scratch(kX, 0);
-  float* picked = ops->Scratch(kPicked, int64_t{R} * D);
-  float* normed = ops->Scratch(kNormed, int64_t{R} * D);
-  ops->SelectRows(x, D, want_, picked);
-  ops->RmsNorm(picked, model_->final_norm, D, cfg_.rms_eps, normed, R);
-  const int V = cfg_.vocab, Vl = shard_.vocab;
-  float* logits = ops->Scratch(kLogits, int64_t{R} * V);
-  if (!(ops->group_size() > 1 && shard_.world > 1)) {
-    ops->MatMul(model_->lm_head, normed, D, R, logits, V);
-  } else {
-    // Vocabulary-parallel head: each rank its rows, then every rank gathers
-    // all of them (each samples the same token from the same logits).
-    const int64_t local_n = int64_t{R} * Vl;
-    float* local = ops->Scratch(kLocal, local_n);
-    float* all = ops->Scratch(kAll, local_n * shard_.world);
-    ops->MatMul(model_->lm_head, normed, D, R, local, Vl);
-    if (absl::Status st = ops->AllGather(local, local_n, all); !st.ok()) return st;
-    for (int rk = 0; rk < shard_.world; ++rk)
-      for (int r = 0; r < R; ++r)
-        std::copy_n(all + (int64_t{rk} * R + r) * Vl, Vl,
-                    logits + int64_t{r} * V + int64_t{rk} * Vl);
-  }
-  int r = 0;
-  for (size_t s = 0; s < round.seqs.size(); ++s) {
-    const size_t n = round.seqs[s].logit_offsets.size();
-    out->logits[s].assign(logits + int64_t{r} * V, logits + int64_t(r + n) * V);
-    r += static_cast<int>(n);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace ringlane::worker

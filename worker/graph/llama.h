@@ -10,8 +10,7 @@
 // Tensor-parallel in the Megatron layout of TpShard: the rank's query/KV
 // heads and MLP columns, summed over the group after wo and w_down.
 //
-// Made by graph/factory.h for model_type llama, mistral and qwen2. Keeps its
-// per-round index arrays between rounds to avoid reallocating them.
+// Made by graph/factory.h for model_type llama, mistral and qwen2.
 #ifndef RINGLANE_WORKER_GRAPH_LLAMA_H_
 #define RINGLANE_WORKER_GRAPH_LLAMA_H_
 
@@ -23,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backend/ops.h"
 #include "worker/graph/graph.h"
+#include "worker/graph/round_index.h"
 #include "worker/model/model.h"
 #include "worker/round.h"
 
@@ -42,20 +42,12 @@ class LlamaGraph final : public ModelGraph {
   absl::StatusOr<RoundOutput> Forward(const RoundInput& round, ComputeOps* ops) override;
 
  private:
-  // Logits of the rows in want_, in order, into out.
-  absl::Status Head(const RoundInput& round, ComputeOps* ops, RoundOutput* out);
-
   const std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
   const TpShard& shard_;
   const std::vector<float> inv_freq_;
 
-  // Per-round index arrays (see RoundRows).
-  std::vector<int32_t> tokens_;
-  std::vector<int64_t> positions_;
-  std::vector<int> row_seq_;
-  std::vector<int64_t> seq_row0_;
-  std::vector<int64_t> want_;  // rows whose logits are asked for
+  RoundIndex index_;
 };
 
 }  // namespace ringlane::worker

@@ -70,6 +70,35 @@ class CountingOps final : public ComputeOps {
     ++calls["AttendPaged"];
     real_.AttendPaged(layer, heads, q, out, ld);
   }
+  void MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+                        int64_t ldy) override {
+    ++calls["MatMulTransposed"];
+    real_.MatMulTransposed(w, x, ldx, rows, y, ldy);
+  }
+  void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
+                   int64_t ldpe, int rope_dim) override {
+    ++calls["StoreLatent"];
+    real_.StoreLatent(layer, c, ldc, latent_dim, pe, ldpe, rope_dim);
+  }
+  void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat, const float* q_pe,
+                    float* out) override {
+    ++calls["AttendLatent"];
+    real_.AttendLatent(layer, heads, q_lat, q_pe, out);
+  }
+  void MoeRoute(const float* logits, int rows, const MoeConfig& moe, absl::Span<const float> bias,
+                int32_t* experts, float* weights) override {
+    ++calls["MoeRoute"];
+    real_.MoeRoute(logits, rows, moe, bias, experts, weights);
+  }
+  void ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
+                   float* out) override {
+    real_.ScatterRows(x, dim, rows, out);
+  }
+  void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows, int64_t dim,
+                      float* out) override {
+    ++calls["WeightedRowSum"];
+    real_.WeightedRowSum(y, weights, k, rows, dim, out);
+  }
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override {
     ++calls["SiluMul"];
     real_.SiluMul(gate, up, rows, cols);

@@ -77,10 +77,13 @@ absl::Status GetTokenId(const Json& j, const char* key, absl::string_view path, 
   return absl::OkStatus();
 }
 
-absl::Status ParseRopeScaling(const Json& j, absl::string_view path, RopeScaling* out) {
-  if (!Present(j, "rope_scaling")) return absl::OkStatus();
-  const Json& r = j["rope_scaling"];
-  if (!r.is_object()) return Invalid(path, "rope_scaling", "must be an object or null");
+// `key` names the object in messages: rope_scaling, or rope_parameters (newer
+// transformers, which also carries rope_theta there).
+absl::Status ParseRopeScaling(const Json& j, absl::string_view path, RopeScaling* out,
+                              const char* key = "rope_scaling") {
+  if (!Present(j, key)) return absl::OkStatus();
+  const Json& r = j[key];
+  if (!r.is_object()) return Invalid(path, key, "must be an object or null");
   std::string type;
   // Newer transformers write rope_type, older ones type.
   if (absl::Status s = GetString(r, "rope_type", path, &type); !s.ok()) return s;
@@ -88,13 +91,38 @@ absl::Status ParseRopeScaling(const Json& j, absl::string_view path, RopeScaling
     if (absl::Status s = GetString(r, "type", path, &type); !s.ok()) return s;
   }
   if (type.empty() || type == "default") return absl::OkStatus();
-  if (type != "linear" && type != "llama3") {
-    return Unsupported(path, "rope_scaling.rope_type",
-                       absl::StrCat("'", type, "' is not supported (supported: linear, llama3)"));
+  if (type != "linear" && type != "llama3" && type != "yarn") {
+    return Unsupported(
+        path, absl::StrCat(key, ".rope_type"),
+        absl::StrCat("'", type, "' is not supported (supported: linear, llama3, yarn)"));
   }
   out->type = type;
-  if (!Present(r, "factor")) return Invalid(path, "rope_scaling.factor", "is missing");
+  if (!Present(r, "factor")) return Invalid(path, absl::StrCat(key, ".factor"), "is missing");
   if (absl::Status s = GetFloat(r, "factor", path, &out->factor); !s.ok()) return s;
+  if (type == "yarn") {
+    for (auto [name, field] :
+         {std::pair{"beta_fast", &out->beta_fast}, std::pair{"beta_slow", &out->beta_slow},
+          std::pair{"mscale", &out->mscale}, std::pair{"mscale_all_dim", &out->mscale_all_dim}}) {
+      if (absl::Status s = GetFloat(r, name, path, field); !s.ok()) return s;
+    }
+    out->original_max_position = 0;  // the caller's max_position_embeddings when absent
+    if (absl::Status s =
+            GetInt(r, "original_max_position_embeddings", path, &out->original_max_position);
+        !s.ok()) {
+      return s;
+    }
+    // transformers scales cos and sin by mscale(factor, mscale) /
+    // mscale(factor, mscale_all_dim) (or by mscale(factor) when the two are
+    // not both given); DeepSeek-V3's checkpoints make that 1, and the latent
+    // graph folds only the softmax-side mscale_all_dim term.
+    const bool unit =
+        Present(r, "mscale") && Present(r, "mscale_all_dim") && out->mscale == out->mscale_all_dim;
+    if (!unit && out->factor > 1.0f) {
+      return Unsupported(path, absl::StrCat(key, ".mscale"),
+                         "must equal mscale_all_dim: a YaRN attention factor other than 1 is "
+                         "not supported");
+    }
+  }
   if (type == "llama3") {
     if (absl::Status s = GetFloat(r, "low_freq_factor", path, &out->low_freq_factor); !s.ok()) {
       return s;
@@ -141,6 +169,115 @@ absl::Status ParseQuantization(const Json& j, absl::string_view path, bool* fp8)
   return absl::OkStatus();
 }
 
+// MLA, MoE and indexer fields of deepseek_v3, deepseek_v32 and glm_moe_dsa,
+// with transformers' defaults where a key may be absent.
+absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelConfig* c) {
+  MlaConfig& m = c->mla;
+  for (auto [key, field] : {std::pair{"kv_lora_rank", &m.kv_lora_rank},
+                            std::pair{"qk_nope_head_dim", &m.qk_nope_head_dim},
+                            std::pair{"qk_rope_head_dim", &m.qk_rope_head_dim},
+                            std::pair{"v_head_dim", &m.v_head_dim}}) {
+    if (absl::Status s = GetRequiredInt(j, key, path, field); !s.ok()) return s;
+    if (*field <= 0) return Invalid(path, key, absl::StrCat("must be positive, got ", *field));
+  }
+  if (m.qk_rope_head_dim % 2 != 0) {
+    return Invalid(path, "qk_rope_head_dim",
+                   absl::StrCat("(", m.qk_rope_head_dim, ") must be even for RoPE"));
+  }
+  // null: queries straight from the hidden state (DeepSeek-V2-Lite).
+  if (absl::Status s = GetInt(j, "q_lora_rank", path, &m.q_lora_rank); !s.ok()) return s;
+  if (m.q_lora_rank < 0) return Invalid(path, "q_lora_rank", "must not be negative");
+  // The rope part is the only per-head size the RoPE tables need; every query
+  // head has its own latent key, so there are as many KV heads as heads.
+  c->head_dim = m.qk_rope_head_dim;
+  c->head_dim_explicit = true;
+  c->kv_heads = c->heads;
+
+  MoeConfig& e = c->moe;
+  if (absl::Status s = GetInt(j, "n_routed_experts", path, &e.n_routed); !s.ok()) return s;
+  if (e.n_routed > 0) {
+    if (absl::Status s = GetRequiredInt(j, "num_experts_per_tok", path, &e.experts_per_token);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = GetRequiredInt(j, "moe_intermediate_size", path, &e.expert_intermediate);
+        !s.ok()) {
+      return s;
+    }
+    e.n_shared = 1;
+    e.routed_scaling = 2.5f;
+    for (auto [key, field] :
+         {std::pair{"n_shared_experts", &e.n_shared}, std::pair{"n_group", &e.n_group},
+          std::pair{"topk_group", &e.topk_group}}) {
+      if (absl::Status s = GetInt(j, key, path, field); !s.ok()) return s;
+    }
+    if (absl::Status s = GetFloat(j, "routed_scaling_factor", path, &e.routed_scaling); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = GetBool(j, "norm_topk_prob", path, &e.norm_topk_prob); !s.ok()) return s;
+    std::string scoring = "sigmoid", topk_method = "noaux_tc";
+    if (absl::Status s = GetString(j, "scoring_func", path, &scoring); !s.ok()) return s;
+    if (absl::Status s = GetString(j, "topk_method", path, &topk_method); !s.ok()) return s;
+    if (scoring != "sigmoid" && scoring != "softmax") {
+      return Unsupported(path, "scoring_func",
+                         absl::StrCat("'", scoring, "' is not supported (sigmoid, softmax)"));
+    }
+    if (topk_method != "noaux_tc" && topk_method != "greedy") {
+      return Unsupported(path, "topk_method",
+                         absl::StrCat("'", topk_method, "' is not supported (noaux_tc, greedy)"));
+    }
+    e.sigmoid_scoring = scoring == "sigmoid";
+    e.correction_bias = topk_method == "noaux_tc";
+    int freq = 1;
+    if (absl::Status s = GetInt(j, "moe_layer_freq", path, &freq); !s.ok()) return s;
+    if (freq != 1) return Unsupported(path, "moe_layer_freq", "other than 1 is not supported");
+    if (Present(j, "mlp_layer_types")) {
+      const Json& types = j["mlp_layer_types"];
+      if (!types.is_array() || static_cast<int>(types.size()) != c->layers) {
+        return Invalid(path, "mlp_layer_types",
+                       absl::StrCat("must list one type per layer (", c->layers, ")"));
+      }
+      for (const Json& t : types) {
+        if (!t.is_string() || (t != "dense" && t != "sparse")) {
+          return Invalid(path, "mlp_layer_types",
+                         absl::StrCat("entries must be \"dense\" or \"sparse\", got ", t.dump()));
+        }
+        e.sparse_layer.push_back(t == "sparse");
+      }
+    } else {
+      int first_dense = 3;  // transformers' default for both families
+      if (absl::Status s = GetInt(j, "first_k_dense_replace", path, &first_dense); !s.ok()) {
+        return s;
+      }
+      if (first_dense < 0) return Invalid(path, "first_k_dense_replace", "must not be negative");
+      for (int l = 0; l < c->layers; ++l) e.sparse_layer.push_back(l >= first_dense);
+    }
+  }
+
+  if (c->model_type != "deepseek_v3") {
+    IndexerConfig& x = c->indexer;
+    x.topk = 2048;
+    x.heads = c->model_type == "glm_moe_dsa" ? 32 : 64;
+    x.head_dim = 128;
+    x.rope_interleave = c->model_type == "glm_moe_dsa";
+    for (auto [key, field] :
+         {std::pair{"index_topk", &x.topk}, std::pair{"index_n_heads", &x.heads},
+          std::pair{"index_head_dim", &x.head_dim}}) {
+      if (absl::Status s = GetInt(j, key, path, field); !s.ok()) return s;
+      if (*field <= 0) return Invalid(path, key, absl::StrCat("must be positive, got ", *field));
+    }
+    if (absl::Status s = GetBool(j, "indexer_rope_interleave", path, &x.rope_interleave); !s.ok()) {
+      return s;
+    }
+    if (x.head_dim < m.qk_rope_head_dim) {
+      return Invalid(path, "index_head_dim",
+                     absl::StrCat("(", x.head_dim, ") is smaller than qk_rope_head_dim (",
+                                  m.qk_rope_head_dim, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path) {
   if (!j.is_object()) return Invalid(path, "top level", "is not a JSON object");
   HfConfig out;
@@ -149,15 +286,19 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
   std::string model_type;
   if (absl::Status s = GetString(j, "model_type", path, &model_type); !s.ok()) return s;
   if (model_type.empty()) return Invalid(path, "model_type", "is missing");
-  if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2") {
-    return Unsupported(
-        path, "model_type",
-        absl::StrCat("'", model_type, "' is not supported (supported: llama, mistral, qwen2)"));
+  const bool deepseek = IsDeepseekFamily(model_type);
+  if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2" && !deepseek) {
+    return Unsupported(path, "model_type",
+                       absl::StrCat("'", model_type,
+                                    "' is not supported (supported: llama, mistral, qwen2, "
+                                    "deepseek_v3, deepseek_v32, glm_moe_dsa)"));
   }
   c.model_type = model_type;
 
-  // Mixture-of-experts fields under any of the names the families use.
+  // Mixture-of-experts fields under any of the names the families use; only
+  // the DeepSeek family's MoE is run.
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    if (deepseek && std::string_view(key) == "n_routed_experts") continue;
     if (Present(j, key) && !(j[key].is_number_integer() && j[key].get<int64_t>() == 0)) {
       return Unsupported(path, key, "is set: mixture-of-experts models are not supported");
     }
@@ -191,7 +332,9 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
   if (absl::Status s = GetInt(j, "max_position_embeddings", path, &c.max_position); !s.ok()) {
     return s;
   }
-  if (Present(j, "head_dim")) {
+  if (deepseek) {
+    if (absl::Status s = ParseDeepseekFamily(j, path, &c); !s.ok()) return s;
+  } else if (Present(j, "head_dim")) {
     if (absl::Status s = GetInt(j, "head_dim", path, &c.head_dim); !s.ok()) return s;
     c.head_dim_explicit = true;
   } else {
@@ -207,6 +350,21 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
   c.rope_theta = 10000.0f;
   if (absl::Status s = GetFloat(j, "rope_theta", path, &c.rope_theta); !s.ok()) return s;
   if (absl::Status s = ParseRopeScaling(j, path, &c.rope_scaling); !s.ok()) return s;
+  if (Present(j, "rope_parameters")) {
+    if (!j["rope_parameters"].is_object()) {
+      return Invalid(path, "rope_parameters", "must be an object or null");
+    }
+    if (absl::Status s = GetFloat(j["rope_parameters"], "rope_theta", path, &c.rope_theta);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ParseRopeScaling(j, path, &c.rope_scaling, "rope_parameters"); !s.ok()) {
+      return s;
+    }
+  }
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.original_max_position == 0) {
+    c.rope_scaling.original_max_position = c.max_position;
+  }
   c.tie_embeddings = false;
   if (absl::Status s = GetBool(j, "tie_word_embeddings", path, &c.tie_embeddings); !s.ok()) {
     return s;
@@ -232,6 +390,14 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
   if (absl::Status s = ParseQuantization(j, path, &out.fp8_block_scaled); !s.ok()) return s;
   c.weight_dtype = out.fp8_block_scaled ? DType::kFP8E4M3 : DType::kBF16;
   c.rope_layout = RopeLayout::kHalf;
+  if (deepseek) {
+    // rope_interleave pairs (2i, 2i+1) of the rope dims; transformers
+    // de-interleaves q and k alike before a rotate-half, which leaves every
+    // dot product the same as rotating the interleaved pairs in place.
+    bool interleave = true;
+    if (absl::Status s = GetBool(j, "rope_interleave", path, &interleave); !s.ok()) return s;
+    c.rope_layout = interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+  }
 
   if (absl::Status s = ValidateConfigFields(c, kHfConfigFieldNames); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));

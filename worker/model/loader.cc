@@ -78,6 +78,58 @@ MappedFile::~MappedFile() {
 // ---------------------------------------------------------------------------
 // ValidateConfig
 
+namespace {
+
+// The DeepSeek family's fields, named as its config.json names them (no other
+// source writes them).
+absl::Status ValidateMoeFamily(const ModelConfig& c) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  const MlaConfig& m = c.mla;
+  if (IsMla(c)) {
+    if (m.q_lora_rank < 0) return bad("q_lora_rank must not be negative, got ", m.q_lora_rank);
+    if (m.qk_nope_head_dim <= 0 || m.v_head_dim <= 0) {
+      return bad("qk_nope_head_dim (", m.qk_nope_head_dim, ") and v_head_dim (", m.v_head_dim,
+                 ") must be positive");
+    }
+    if (m.qk_rope_head_dim <= 0 || m.qk_rope_head_dim % 2 != 0 ||
+        m.qk_rope_head_dim != c.head_dim) {
+      return bad("qk_rope_head_dim must be positive and even, got ", m.qk_rope_head_dim);
+    }
+    if (c.kv_heads != c.heads) return bad("latent attention has as many KV heads as heads");
+  }
+  const MoeConfig& e = c.moe;
+  if (e.n_routed == 0) return absl::OkStatus();
+  if (e.n_routed < 0 || e.n_shared < 0 || e.expert_intermediate <= 0) {
+    return bad("n_routed_experts (", e.n_routed, "), n_shared_experts (", e.n_shared,
+               ") and moe_intermediate_size (", e.expert_intermediate, ") must be positive");
+  }
+  if (e.experts_per_token < 1 || e.experts_per_token > e.n_routed) {
+    return bad("num_experts_per_tok (", e.experts_per_token, ") must be in [1, ", e.n_routed, "]");
+  }
+  if (e.n_group < 1 || e.n_routed % e.n_group != 0 || e.topk_group < 1 ||
+      e.topk_group > e.n_group) {
+    return bad("n_group (", e.n_group, ") must divide n_routed_experts (", e.n_routed,
+               ") and topk_group (", e.topk_group, ") must be in [1, n_group]");
+  }
+  if (e.n_group > 1 && e.n_routed / e.n_group < 2) {
+    return bad("each of the n_group (", e.n_group, ") expert groups needs at least 2 experts");
+  }
+  if (e.experts_per_token > e.topk_group * (e.n_routed / e.n_group)) {
+    return bad("num_experts_per_tok (", e.experts_per_token, ") exceeds the experts of ",
+               e.topk_group, " group(s)");
+  }
+  if (!(e.routed_scaling > 0.0f) || !std::isfinite(e.routed_scaling)) {
+    return bad("routed_scaling_factor must be positive, got ", e.routed_scaling);
+  }
+  if (static_cast<int>(e.sparse_layer.size()) != c.layers) {
+    return bad("the MoE layer pattern names ", e.sparse_layer.size(), " layers, the model has ",
+               c.layers);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& n) {
   auto positive = [](absl::string_view name, int v) -> absl::Status {
     if (v > 0) return absl::OkStatus();
@@ -117,13 +169,19 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
   }
   const RopeScaling& r = c.rope_scaling;
   if (!r.type.empty()) {
-    if (r.type != "linear" && r.type != "llama3") {
+    if (r.type != "linear" && r.type != "llama3" && r.type != "yarn") {
       return absl::InvalidArgumentError(
-          absl::StrCat(n.rope_scaling, " type '", r.type, "' is not one of linear, llama3"));
+          absl::StrCat(n.rope_scaling, " type '", r.type, "' is not one of linear, llama3, yarn"));
     }
     if (!(r.factor > 0.0f) || !std::isfinite(r.factor)) {
       return absl::InvalidArgumentError(
           absl::StrCat(n.rope_scaling, ".factor must be positive, got ", r.factor));
+    }
+    if (r.type == "yarn" &&
+        (r.original_max_position <= 0 || !(r.beta_fast > r.beta_slow) || !(r.beta_slow > 0.0f))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(n.rope_scaling, ": yarn needs original_max_position_embeddings > 0 and ",
+                       "beta_fast > beta_slow > 0"));
     }
     if (r.type == "llama3") {
       if (!(r.low_freq_factor > 0.0f) || !(r.high_freq_factor > r.low_freq_factor)) {
@@ -145,7 +203,7 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
     return absl::InvalidArgumentError(
         absl::StrCat(n.eos_id, " (", c.eos_id, ") is outside the vocabulary (", c.vocab, ")"));
   }
-  return absl::OkStatus();
+  return ValidateMoeFamily(c);
 }
 
 absl::Status ValidateConfig(const ModelConfig& c) {
@@ -361,6 +419,92 @@ class HfLoader {
   ModelWeights* w_;
 };
 
+struct NamedMatrix {
+  std::string name;
+  int64_t rows, cols;
+  Matrix* m;
+};
+struct NamedVector {
+  std::string name;
+  int64_t n;
+  std::vector<float>* v;
+};
+
+absl::Status LoadAll(HfLoader& l, const std::vector<NamedMatrix>& mats,
+                     const std::vector<NamedVector>& vecs) {
+  for (const NamedMatrix& m : mats) {
+    if (absl::Status s = l.GetMatrix(m.name, m.rows, m.cols, m.m); !s.ok()) return s;
+  }
+  for (const NamedVector& v : vecs) {
+    if (absl::Status s = l.GetVector(v.name, v.n, v.v); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// One layer of deepseek_v3 / deepseek_v32 / glm_moe_dsa in transformers'
+// tensor names: latent attention, the DSA indexer where the config has one,
+// and a MoE or dense feed-forward part.
+absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWeights* L) {
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  const MlaConfig& m = c.mla;
+  const int64_t D = c.hidden, H = c.heads;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  std::vector<NamedMatrix> mats;
+  std::vector<NamedVector> vecs{
+      {p + "input_layernorm.weight", D, &L->attn_norm},
+      {p + "post_attention_layernorm.weight", D, &L->ffn_norm},
+      {p + "self_attn.kv_a_layernorm.weight", m.kv_lora_rank, &L->mla.kv_a_norm}};
+  const std::string a = p + "self_attn.";
+  if (m.q_lora_rank > 0) {
+    mats.push_back({a + "q_a_proj.weight", m.q_lora_rank, D, &L->mla.wq_a});
+    mats.push_back({a + "q_b_proj.weight", H * qk, m.q_lora_rank, &L->mla.wq_b});
+    vecs.push_back({a + "q_a_layernorm.weight", m.q_lora_rank, &L->mla.q_a_norm});
+  } else {
+    mats.push_back({a + "q_proj.weight", H * qk, D, &L->mla.wq_b});
+  }
+  mats.push_back(
+      {a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, D, &L->mla.wkv_a});
+  mats.push_back({a + "kv_b_proj.weight", H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+                  &L->mla.wkv_b});
+  mats.push_back({a + "o_proj.weight", D, H * m.v_head_dim, &L->mla.wo});
+  if (c.indexer.topk > 0) {
+    const IndexerConfig& x = c.indexer;
+    if (m.q_lora_rank <= 0) {
+      return absl::InvalidArgumentError("the DSA indexer reads the query latent: q_lora_rank is 0");
+    }
+    mats.push_back({a + "indexer.wq_b.weight", int64_t{x.heads} * x.head_dim, m.q_lora_rank,
+                    &L->indexer.wq_b});
+    mats.push_back({a + "indexer.wk.weight", x.head_dim, D, &L->indexer.wk});
+    mats.push_back({a + "indexer.weights_proj.weight", x.heads, D, &L->indexer.weights_proj});
+    vecs.push_back({a + "indexer.k_norm.weight", x.head_dim, &L->indexer.k_norm});
+    vecs.push_back({a + "indexer.k_norm.bias", x.head_dim, &L->indexer.k_norm_bias});
+  }
+  const MoeConfig& e = c.moe;
+  L->sparse = e.n_routed > 0 && e.sparse_layer[i];
+  auto mlp = [&](const std::string& q, int64_t inter, GatedMlpWeights* g) {
+    mats.push_back({q + "gate_proj.weight", inter, D, &g->w_gate});
+    mats.push_back({q + "up_proj.weight", inter, D, &g->w_up});
+    mats.push_back({q + "down_proj.weight", D, inter, &g->w_down});
+  };
+  if (!L->sparse) {
+    mlp(p + "mlp.", c.intermediate, &L->mlp);
+  } else {
+    MoeWeights& moe = L->moe;
+    mats.push_back({p + "mlp.gate.weight", e.n_routed, D, &moe.router});
+    if (e.correction_bias) {
+      vecs.push_back({p + "mlp.gate.e_score_correction_bias", e.n_routed, &moe.correction_bias});
+    }
+    moe.experts.resize(e.n_routed);
+    for (int x = 0; x < e.n_routed; ++x) {
+      mlp(absl::StrCat(p, "mlp.experts.", x, "."), e.expert_intermediate, &moe.experts[x]);
+    }
+    if (e.n_shared > 0) {
+      mlp(p + "mlp.shared_experts.", int64_t{e.n_shared} * e.expert_intermediate, &moe.shared);
+    }
+  }
+  return LoadAll(l, mats, vecs);
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -380,7 +524,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
   const int64_t kv_dim = static_cast<int64_t>(c.kv_heads) * c.head_dim;
 
   // Biases would be silently dropped; refuse instead (Qwen2 checkpoints carry them).
-  for (const char* b : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+  for (const char* b : {"q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj",
+                        "kv_a_proj_with_mqa", "kv_b_proj"}) {
     std::string name = absl::StrCat("model.layers.0.self_attn.", b, ".bias");
     if (src->Has(name)) {
       return absl::UnimplementedError(
@@ -390,12 +535,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
   }
 
   HfLoader l(*src, w.get());
-  if (absl::Status s = l.GetMatrix("model.embed_tokens.weight", c.vocab, c.hidden, &w->embed);
-      !s.ok()) {
-    return s;
+  // Tied checkpoints store one of the two tensors (transformers' save keeps
+  // lm_head.weight and aliases the embedding to it in the metadata).
+  const char* embed_name = "model.embed_tokens.weight";
+  if (c.tie_embeddings && !src->Has(embed_name) && src->Has("lm_head.weight")) {
+    embed_name = "lm_head.weight";
   }
+  if (absl::Status s = l.GetMatrix(embed_name, c.vocab, c.hidden, &w->embed); !s.ok()) return s;
   w->layers.resize(c.layers);
-  for (int i = 0; i < c.layers; ++i) {
+  for (int i = 0; i < c.layers && IsMla(c); ++i) {
+    if (absl::Status s = LoadDeepseekLayer(l, c, i, &w->layers[i]); !s.ok()) return s;
+  }
+  for (int i = 0; i < c.layers && !IsMla(c); ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights& L = w->layers[i];
     struct M {
@@ -430,11 +581,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
              !s.ok()) {
     return s;
   }
-  w->config.weight_dtype = w->layers[0].attn.wq.dtype;
+  const Matrix& probe = IsMla(c) ? w->layers[0].mla.wkv_a : w->layers[0].attn.wq;
+  w->config.weight_dtype = probe.dtype;
   if (hf->fp8_block_scaled && w->config.weight_dtype != DType::kFP8E4M3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": config.json declares FP8 quantization_config but model.layers.0.self_attn.q_proj",
-        ".weight is ", std::string(DTypeName(w->config.weight_dtype))));
+        dir, ": config.json declares FP8 quantization_config but model.layers.0.self_attn.",
+        IsMla(c) ? "kv_a_proj_with_mqa" : "q_proj", ".weight is ",
+        std::string(DTypeName(w->config.weight_dtype))));
   }
   return w;
 }
@@ -597,6 +750,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path)
   if (w.ok()) {
     const ModelConfig& c = (*w)->config;
     (*w)->shard = TpShard{0, 1, 0, c.heads, 0, c.kv_heads, 0, c.intermediate, 0, c.vocab};
+    (*w)->shard.expert_intermediate = c.moe.expert_intermediate;
+    (*w)->shard.shared_intermediate = c.moe.n_shared * c.moe.expert_intermediate;
   }
   return w;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,12 +21,56 @@ namespace ringlane::worker {
 enum class RopeLayout { kHalf, kInterleaved };
 
 struct RopeScaling {
-  // "" (none), "linear" or "llama3".
+  // "" (none), "linear", "llama3" or "yarn".
   std::string type;
   float factor = 1.0f;
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position = 8192;
+  // YaRN (DeepSeek-V3's long-context RoPE): the ramp between the rotations
+  // beta_fast and beta_slow, and the mscale terms of its attention scale.
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  float mscale = 1.0f;
+  float mscale_all_dim = 0.0f;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3, GLM-5): queries through an
+// optional low-rank projection, keys and values from one compressed latent of
+// kv_lora_rank values per token plus a shared RoPE key of qk_rope_head_dim.
+// The cache keeps only that latent and the rope key (absorbed attention).
+struct MlaConfig {
+  int q_lora_rank = 0;  // 0: the checkpoint has q_proj instead of q_a/q_b
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+};
+
+// Routed mixture of experts as DeepSeek-V3 and GLM-5 run it: a router over
+// n_routed experts (sigmoid scores, a correction bias used only for the choice,
+// group-limited top-k) plus always-on shared experts; some layers stay dense.
+struct MoeConfig {
+  int n_routed = 0;  // 0: no MoE layers
+  int n_shared = 0;
+  int experts_per_token = 0;
+  int expert_intermediate = 0;  // moe_intermediate_size
+  int n_group = 1;
+  int topk_group = 1;
+  float routed_scaling = 1.0f;
+  bool norm_topk_prob = true;
+  bool sigmoid_scoring = true;     // false: softmax
+  bool correction_bias = true;     // topk_method noaux_tc
+  std::vector<bool> sparse_layer;  // per layer: MoE (true) or the dense MLP
+};
+
+// The DeepSeek-V3.2 lightning indexer (DSA) that picks index_topk positions
+// per query beyond the dense window.
+struct IndexerConfig {
+  int topk = 0;  // 0: no indexer (dense attention everywhere)
+  int heads = 0;
+  int head_dim = 0;
+  bool rope_interleave = false;
 };
 
 struct ModelConfig {
@@ -50,7 +95,21 @@ struct ModelConfig {
   int eos_id = 2;
   // Weight dtype of the linear layers as stored (informational).
   DType weight_dtype = DType::kF32;
+  // The DeepSeek family (model_type deepseek_v3, deepseek_v32, glm_moe_dsa):
+  // latent attention instead of GQA (heads == kv_heads, head_dim is the RoPE
+  // part), MoE layers, and the DSA indexer. Zero everywhere for other families.
+  MlaConfig mla;
+  MoeConfig moe;
+  IndexerConfig indexer;
 };
+
+// True for the families whose attention is MLA.
+inline bool IsMla(const ModelConfig& c) { return c.mla.kv_lora_rank > 0; }
+
+// The model_types of the DeepSeek-V3 family (MLA, MoE, the DSA indexer).
+inline bool IsDeepseekFamily(std::string_view model_type) {
+  return model_type == "deepseek_v3" || model_type == "deepseek_v32" || model_type == "glm_moe_dsa";
+}
 
 // Checks the invariants the forward pass relies on; the error names the field.
 absl::Status ValidateConfig(const ModelConfig& c);
@@ -100,6 +159,37 @@ struct GatedMlpWeights {
   Matrix w_down;  // [hidden, intermediate]
 };
 
+// Latent attention (MlaConfig). A TP shard holds its heads' rows of wq_b and
+// wkv_b and columns of wo; the down projections and norms are whole.
+struct MlaWeights {
+  Matrix wq_a;                   // [q_lora_rank, hidden]; absent without q_lora
+  std::vector<float> q_a_norm;   // [q_lora_rank]
+  Matrix wq_b;                   // [heads * (nope + rope), q_lora_rank or hidden]
+  Matrix wkv_a;                  // [kv_lora_rank + rope, hidden]
+  std::vector<float> kv_a_norm;  // [kv_lora_rank]
+  Matrix wkv_b;                  // [heads * (nope + v), kv_lora_rank]
+  Matrix wo;                     // [hidden, heads * v]
+};
+
+// The DSA indexer's weights (loaded, and checked, with the layer; the CPU
+// graph does not run it yet, see IndexerConfig).
+struct IndexerWeights {
+  Matrix wq_b;                     // [heads * head_dim, q_lora_rank]
+  Matrix wk;                       // [head_dim, hidden]
+  std::vector<float> k_norm;       // [head_dim] LayerNorm weight
+  std::vector<float> k_norm_bias;  // [head_dim]
+  Matrix weights_proj;             // [heads, hidden]
+};
+
+// A MoE feed-forward part. A TP shard holds every expert with its slice of
+// the expert's intermediate columns (and of the shared experts').
+struct MoeWeights {
+  Matrix router;                         // [n_routed, hidden]
+  std::vector<float> correction_bias;    // [n_routed]; empty without noaux_tc
+  std::vector<GatedMlpWeights> experts;  // n_routed
+  GatedMlpWeights shared;                // n_shared * expert_intermediate wide; absent when 0
+};
+
 // One decoder layer: a pre-norm before its token mixer and one before its
 // feed-forward part, every family has those. The parts themselves are
 // sub-structs named for their kind, so a family with other kinds (experts,
@@ -109,13 +199,17 @@ struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   std::vector<float> ffn_norm;   // [hidden]
   DenseAttentionWeights attn;
-  GatedMlpWeights mlp;
+  GatedMlpWeights mlp;  // the dense MLP (also a MoE family's dense layers)
+  MlaWeights mla;
+  IndexerWeights indexer;
+  MoeWeights moe;
+  bool sparse = false;  // the feed-forward part is `moe`, not `mlp`
 };
 
 // What a layer keeps for each sequence between rounds. The values are those of
 // v1::CacheKind (proto/ringlane/v1/common.proto), which a worker advertises
-// per layer; only kPagedKv is implemented, the others name the cache of the
-// families to come (MLA's compressed latent, a linear-attention layer's state).
+// per layer; kPagedKv and kLatentKv are implemented, kRecurrentState names the
+// cache of a family to come (a linear-attention layer's state).
 enum class CacheKind {
   kPagedKv = 1,         // K and V of every token, in the paged blocks
   kLatentKv = 2,        // one latent vector per token, in the paged blocks
@@ -126,8 +220,12 @@ enum class CacheKind {
 struct LayerCacheSpec {
   CacheKind kind = CacheKind::kPagedKv;
   // kPagedKv: this rank's KV heads and their size, per token.
+  // kLatentKv: one "head" of latent_dim + rope_dim values per token.
   int kv_heads = 0;
   int head_dim = 0;
+  // kLatentKv: the compressed latent and the RoPE key kept beside it.
+  int latent_dim = 0;
+  int rope_dim = 0;
 };
 
 // Keeps a file mapped for as long as any ModelWeights points into it.
@@ -162,6 +260,10 @@ struct TpShard {
   int kv_head0 = 0, kv_heads = 0;
   int inter0 = 0, intermediate = 0;
   int vocab0 = 0, vocab = 0;
+  // MoE: each routed expert's intermediate columns [expert_inter0, +expert_intermediate)
+  // and the shared experts' [shared_inter0, +shared_intermediate).
+  int expert_inter0 = 0, expert_intermediate = 0;
+  int shared_inter0 = 0, shared_intermediate = 0;
 };
 
 struct ModelWeights {

@@ -14,8 +14,13 @@ namespace ringlane::worker {
 // "linear" divides every frequency by the factor; "llama3" divides the low
 // frequencies (wavelength above original_max_position / low_freq_factor) by the
 // factor, keeps the high ones (wavelength below original_max_position /
-// high_freq_factor) and blends in between.
+// high_freq_factor) and blends in between; "yarn" ramps between the original
+// and the interpolated frequencies (rope.cc).
 std::vector<float> RopeInverseFrequencies(const ModelConfig& c);
+
+// The factor DeepSeek's latent attention multiplies its softmax scale by twice
+// under YaRN: 0.1 * mscale_all_dim * ln(factor) + 1, or 1 when not scaled.
+double YarnSoftmaxMscale(const RopeScaling& s);
 
 }  // namespace ringlane::worker
 

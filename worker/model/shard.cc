@@ -47,6 +47,11 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     return absl::InvalidArgumentError(
         absl::StrCat("vocabulary of ", c.vocab, " does not split over ", world, " ranks"));
   }
+  if (c.moe.n_routed > 0 && c.moe.expert_intermediate < world) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_intermediate_size of ",
+                                                   c.moe.expert_intermediate,
+                                                   " does not split over ", world, " ranks"));
+  }
   auto s = std::make_shared<ModelWeights>();
   s->config = c;
   s->source = absl::StrCat(full->source, " [TP rank ", rank, "/", world, "]");
@@ -70,22 +75,61 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
   t.inter0 = rank * base + std::min(rank, extra);
   t.vocab = c.vocab / world;
   t.vocab0 = rank * t.vocab;
+  // Each expert, and the shared experts, split their columns like the MLP.
+  auto split = [&](int n, int* begin, int* count) {
+    const int b = n / world, x = n % world;
+    *count = b + (rank < x ? 1 : 0);
+    *begin = rank * b + std::min(rank, x);
+  };
+  split(c.moe.expert_intermediate, &t.expert_inter0, &t.expert_intermediate);
+  split(c.moe.n_shared * c.moe.expert_intermediate, &t.shared_inter0, &t.shared_intermediate);
 
   const int64_t hd = c.head_dim;
   s->embed = RowSlice(full->embed, t.vocab0, t.vocab);
   s->lm_head = RowSlice(full->lm_head, t.vocab0, t.vocab);
   s->final_norm = full->final_norm;
+  // Megatron's column-then-row split of a gated MLP over [i0, i0 + n).
+  auto mlp = [](const GatedMlpWeights& g, int i0, int n) {
+    GatedMlpWeights o;
+    if (g.w_gate.data == nullptr) return o;  // absent (no shared experts)
+    o.w_gate = RowSlice(g.w_gate, i0, n);
+    o.w_up = RowSlice(g.w_up, i0, n);
+    o.w_down = ColSlice(g.w_down, i0, n);
+    return o;
+  };
+  const MlaConfig& m = c.mla;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
   for (const LayerWeights& l : full->layers) {
     LayerWeights o;
     o.attn_norm = l.attn_norm;
     o.ffn_norm = l.ffn_norm;
-    o.attn.wq = RowSlice(l.attn.wq, t.head0 * hd, t.heads * hd);
-    o.attn.wk = RowSlice(l.attn.wk, t.kv_head0 * hd, t.kv_heads * hd);
-    o.attn.wv = RowSlice(l.attn.wv, t.kv_head0 * hd, t.kv_heads * hd);
-    o.attn.wo = ColSlice(l.attn.wo, t.head0 * hd, t.heads * hd);
-    o.mlp.w_gate = RowSlice(l.mlp.w_gate, t.inter0, t.intermediate);
-    o.mlp.w_up = RowSlice(l.mlp.w_up, t.inter0, t.intermediate);
-    o.mlp.w_down = ColSlice(l.mlp.w_down, t.inter0, t.intermediate);
+    o.sparse = l.sparse;
+    if (IsMla(c)) {
+      // The latent and its norm are every head's: each rank computes them
+      // whole (the down projections are small) and keeps its heads' rows of
+      // the up projections.
+      o.mla = l.mla;
+      o.mla.wq_b = RowSlice(l.mla.wq_b, t.head0 * qk, t.heads * qk);
+      o.mla.wkv_b = RowSlice(l.mla.wkv_b, t.head0 * nv, t.heads * nv);
+      o.mla.wo = ColSlice(l.mla.wo, t.head0 * m.v_head_dim, t.heads * m.v_head_dim);
+      o.indexer = l.indexer;
+    } else {
+      o.attn.wq = RowSlice(l.attn.wq, t.head0 * hd, t.heads * hd);
+      o.attn.wk = RowSlice(l.attn.wk, t.kv_head0 * hd, t.kv_heads * hd);
+      o.attn.wv = RowSlice(l.attn.wv, t.kv_head0 * hd, t.kv_heads * hd);
+      o.attn.wo = ColSlice(l.attn.wo, t.head0 * hd, t.heads * hd);
+    }
+    if (l.sparse) {
+      o.moe.router = l.moe.router;
+      o.moe.correction_bias = l.moe.correction_bias;
+      for (const GatedMlpWeights& x : l.moe.experts) {
+        o.moe.experts.push_back(mlp(x, t.expert_inter0, t.expert_intermediate));
+      }
+      o.moe.shared = mlp(l.moe.shared, t.shared_inter0, t.shared_intermediate);
+    } else {
+      o.mlp = mlp(l.mlp, t.inter0, t.intermediate);
+    }
     s->layers.push_back(std::move(o));
   }
   // The views point into memory `full` owns (mappings, converted buffers).

@@ -49,7 +49,7 @@ inline float NormalIsh(uint64_t key, int64_t index) {
   return u * 1.7320508f;
 }
 
-enum class Kind { kEmbedding, kLinear, kNorm };
+enum class Kind { kEmbedding, kLinear, kNorm, kBias };
 
 struct TensorPlan {
   std::string name;
@@ -73,6 +73,10 @@ float Value(Kind kind, uint64_t key, int64_t index, float linear_std) {
       return n * linear_std;
     case Kind::kNorm:
       return 1.0f + 0.1f * n;
+    case Kind::kBias:
+      // Positive, so a router's masked choices (which peers fill with 0 or
+      // -inf) never outrank a biased score.
+      return 0.05f * std::fabs(n);
   }
   return n;
 }
@@ -147,6 +151,50 @@ std::string TorchDType(DType d) {
   return "float32";
 }
 
+const char* ArchitectureOf(const std::string& family) {
+  if (family == "deepseek_v32") return "DeepseekV32ForCausalLM";
+  if (family == "glm_moe_dsa") return "GlmMoeDsaForCausalLM";
+  return "DeepseekV3ForCausalLM";
+}
+
+// The family's keys as transformers' configuration classes name them.
+void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
+                       nlohmann::ordered_json* cfg) {
+  nlohmann::ordered_json& j = *cfg;
+  j["q_lora_rank"] = c.mla.q_lora_rank > 0 ? nlohmann::ordered_json(c.mla.q_lora_rank) : nullptr;
+  j["kv_lora_rank"] = c.mla.kv_lora_rank;
+  j["qk_nope_head_dim"] = c.mla.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = c.mla.qk_rope_head_dim;
+  j["v_head_dim"] = c.mla.v_head_dim;
+  j["rope_interleave"] = true;
+  if (c.moe.n_routed > 0) {
+    j["n_routed_experts"] = c.moe.n_routed;
+    j["n_shared_experts"] = c.moe.n_shared;
+    j["num_experts_per_tok"] = c.moe.experts_per_token;
+    j["moe_intermediate_size"] = c.moe.expert_intermediate;
+    j["n_group"] = c.moe.n_group;
+    j["topk_group"] = c.moe.topk_group;
+    j["routed_scaling_factor"] = c.moe.routed_scaling;
+    j["norm_topk_prob"] = true;
+    j["scoring_func"] = "sigmoid";
+    j["topk_method"] = "noaux_tc";
+    if (o.family == "glm_moe_dsa") {
+      nlohmann::ordered_json types = nlohmann::ordered_json::array();
+      for (bool sparse : c.moe.sparse_layer) types.push_back(sparse ? "sparse" : "dense");
+      j["mlp_layer_types"] = types;
+    } else {
+      j["first_k_dense_replace"] = o.first_k_dense;
+      j["moe_layer_freq"] = 1;
+    }
+  }
+  if (c.indexer.topk > 0) {
+    j["index_topk"] = c.indexer.topk;
+    j["index_n_heads"] = c.indexer.heads;
+    j["index_head_dim"] = c.indexer.head_dim;
+    j["indexer_rope_interleave"] = c.indexer.rope_interleave;
+  }
+}
+
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
@@ -162,11 +210,76 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// One layer of the DeepSeek family in transformers' names and order.
+template <typename AddMatrix, typename AddVector>
+void AddDeepseekLayer(const ModelConfig& c, int l, DType dtype, AddMatrix& add_matrix,
+                      AddVector& add_vector) {
+  const std::string p = absl::StrCat("model.layers.", l, ".");
+  const MlaConfig& m = c.mla;
+  const int64_t H = c.hidden, heads = c.heads;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  add_vector(p + "input_layernorm.weight", Kind::kNorm, H);
+  const std::string a = p + "self_attn.";
+  if (m.q_lora_rank > 0) {
+    add_matrix(a + "q_a_proj.weight", Kind::kLinear, m.q_lora_rank, H, dtype);
+    add_vector(a + "q_a_layernorm.weight", Kind::kNorm, m.q_lora_rank);
+    add_matrix(a + "q_b_proj.weight", Kind::kLinear, heads * qk, m.q_lora_rank, dtype);
+  } else {
+    add_matrix(a + "q_proj.weight", Kind::kLinear, heads * qk, H, dtype);
+  }
+  add_matrix(a + "kv_a_proj_with_mqa.weight", Kind::kLinear, m.kv_lora_rank + m.qk_rope_head_dim, H,
+             dtype);
+  add_vector(a + "kv_a_layernorm.weight", Kind::kNorm, m.kv_lora_rank);
+  add_matrix(a + "kv_b_proj.weight", Kind::kLinear, heads * (m.qk_nope_head_dim + m.v_head_dim),
+             m.kv_lora_rank, dtype);
+  add_matrix(a + "o_proj.weight", Kind::kLinear, H, heads * m.v_head_dim, dtype);
+  if (c.indexer.topk > 0) {
+    const IndexerConfig& x = c.indexer;
+    add_matrix(a + "indexer.wq_b.weight", Kind::kLinear, int64_t{x.heads} * x.head_dim,
+               m.q_lora_rank, dtype);
+    add_matrix(a + "indexer.wk.weight", Kind::kLinear, x.head_dim, H, dtype);
+    add_vector(a + "indexer.k_norm.weight", Kind::kNorm, x.head_dim);
+    add_vector(a + "indexer.k_norm.bias", Kind::kBias, x.head_dim);
+    // BF16 in the published FP8 checkpoints, as the router is.
+    add_matrix(a + "indexer.weights_proj.weight", Kind::kLinear, x.heads, H,
+               dtype == DType::kFP8E4M3 ? DType::kBF16 : dtype);
+  }
+  add_vector(p + "post_attention_layernorm.weight", Kind::kNorm, H);
+  auto mlp = [&](const std::string& q, int64_t inter) {
+    add_matrix(q + "gate_proj.weight", Kind::kLinear, inter, H, dtype);
+    add_matrix(q + "up_proj.weight", Kind::kLinear, inter, H, dtype);
+    add_matrix(q + "down_proj.weight", Kind::kLinear, H, inter, dtype);
+  };
+  const MoeConfig& e = c.moe;
+  if (e.n_routed == 0 || !e.sparse_layer[l]) {
+    mlp(p + "mlp.", c.intermediate);
+    return;
+  }
+  add_matrix(p + "mlp.gate.weight", Kind::kLinear, e.n_routed, H, DType::kF32);
+  add_vector(p + "mlp.gate.e_score_correction_bias", Kind::kBias, e.n_routed);
+  for (int x = 0; x < e.n_routed; ++x) {
+    mlp(absl::StrCat(p, "mlp.experts.", x, "."), e.expert_intermediate);
+  }
+  if (e.n_shared > 0) mlp(p + "mlp.shared_experts.", int64_t{e.n_shared} * e.expert_intermediate);
+}
+
 }  // namespace
 
 absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
   SyntheticModelOptions o;
   if (name == "tiny") return o;
+  if (name == "deepseek-tiny" || name == "glm5-tiny") {
+    o.family = name == "glm5-tiny" ? "glm_moe_dsa" : "deepseek_v3";
+    o.hidden = 64;
+    o.intermediate = 96;
+    o.layers = name == "glm5-tiny" ? 3 : 2;
+    o.heads = 4;
+    o.kv_heads = 4;
+    o.vocab = 512;
+    o.max_position = 4096;
+    o.dtype = name == "glm5-tiny" ? DType::kBF16 : DType::kF32;
+    return o;
+  }
   if (name == "1b1") {
     o.hidden = 2048;
     o.intermediate = 5632;
@@ -178,15 +291,23 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
     o.dtype = DType::kFP8E4M3;
     return o;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown synthetic model preset '",
-                                                 std::string(name), "' (expected tiny or 1b1)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown synthetic model preset '", std::string(name),
+                   "' (expected tiny, 1b1, deepseek-tiny or glm5-tiny)"));
 }
 
 absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
                                  std::function<void(double fraction)> progress) {
   namespace fs = std::filesystem;
   if (o.out_dir.empty()) return absl::InvalidArgumentError("synthetic model: out_dir is empty");
+  const bool deepseek = IsDeepseekFamily(o.family);
+  if (o.family != "llama" && !deepseek) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: family '", o.family,
+                     "' is not one of llama, deepseek_v3, deepseek_v32, glm_moe_dsa"));
+  }
   ModelConfig c;
+  c.model_type = o.family;
   c.hidden = o.hidden;
   c.intermediate = o.intermediate;
   c.layers = o.layers;
@@ -201,6 +322,35 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   c.tie_embeddings = o.tie_embeddings;
   c.bos_id = std::min(1, o.vocab - 1);
   c.eos_id = std::min(2, o.vocab - 1);
+  if (deepseek) {
+    c.kv_heads = c.heads;
+    c.head_dim = o.qk_rope_head_dim;
+    c.head_dim_explicit = true;
+    c.mla = {o.q_lora_rank, o.kv_lora_rank, o.qk_nope_head_dim, o.qk_rope_head_dim, o.v_head_dim};
+    c.moe.n_routed = o.n_routed_experts;
+    c.moe.n_shared = o.n_shared_experts;
+    c.moe.experts_per_token = o.experts_per_token;
+    c.moe.expert_intermediate = o.moe_intermediate;
+    c.moe.n_group = o.n_group;
+    c.moe.topk_group = o.topk_group;
+    c.moe.routed_scaling = o.routed_scaling_factor;
+    for (int l = 0; l < o.layers && o.n_routed_experts > 0; ++l) {
+      c.moe.sparse_layer.push_back(l >= o.first_k_dense);
+    }
+    if (o.family != "deepseek_v3") {
+      c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim, o.family == "glm_moe_dsa"};
+      if (o.q_lora_rank <= 0) {
+        return absl::InvalidArgumentError("synthetic model: the DSA indexer needs q_lora_rank > 0");
+      }
+    }
+    if (o.yarn_factor > 1.0f) {
+      c.rope_scaling.type = "yarn";
+      c.rope_scaling.factor = o.yarn_factor;
+      c.rope_scaling.original_max_position =
+          static_cast<int>(static_cast<float>(o.max_position) / o.yarn_factor);
+      c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = 1.0f;
+    }
+  }
   if (absl::Status s = ValidateConfig(c); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic model: ", s.message()));
   }
@@ -221,9 +371,15 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   auto add_norm = [&](std::string name) {
     plan.push_back({std::move(name), Kind::kNorm, 1, H, {H}, DType::kF32, false});
   };
+  auto add_vector = [&](std::string name, Kind kind, int64_t n) {
+    plan.push_back({std::move(name), kind, 1, n, {n}, DType::kF32, false});
+  };
   add_matrix("model.embed_tokens.weight", Kind::kEmbedding, c.vocab, H,
              fp8 ? DType::kBF16 : o.dtype);
-  for (int l = 0; l < c.layers; ++l) {
+  for (int l = 0; l < c.layers && deepseek; ++l) {
+    AddDeepseekLayer(c, l, o.dtype, add_matrix, add_vector);
+  }
+  for (int l = 0; l < c.layers && !deepseek; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     add_norm(p + "input_layernorm.weight");
     add_matrix(p + "self_attn.q_proj.weight", Kind::kLinear, q_dim, H, o.dtype);
@@ -355,19 +511,30 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
 
   // config.json last: a directory without it is visibly incomplete.
   nlohmann::ordered_json cfg;
-  cfg["architectures"] = {"LlamaForCausalLM"};
-  cfg["model_type"] = "llama";
+  cfg["architectures"] = {deepseek ? ArchitectureOf(o.family) : "LlamaForCausalLM"};
+  cfg["model_type"] = o.family;
   cfg["hidden_size"] = c.hidden;
   cfg["intermediate_size"] = c.intermediate;
   cfg["num_hidden_layers"] = c.layers;
   cfg["num_attention_heads"] = c.heads;
   cfg["num_key_value_heads"] = c.kv_heads;
-  if (o.head_dim != 0) cfg["head_dim"] = o.head_dim;
+  if (o.head_dim != 0 && !deepseek) cfg["head_dim"] = o.head_dim;
+  if (deepseek) AddDeepseekConfig(c, o, &cfg);
   cfg["vocab_size"] = c.vocab;
   cfg["max_position_embeddings"] = c.max_position;
   cfg["rms_norm_eps"] = c.rms_eps;
   cfg["rope_theta"] = c.rope_theta;
   cfg["rope_scaling"] = nullptr;
+  if (c.rope_scaling.type == "yarn") {
+    cfg["rope_scaling"] = {
+        {"type", "yarn"},
+        {"factor", c.rope_scaling.factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position},
+        {"beta_fast", c.rope_scaling.beta_fast},
+        {"beta_slow", c.rope_scaling.beta_slow},
+        {"mscale", c.rope_scaling.mscale},
+        {"mscale_all_dim", c.rope_scaling.mscale_all_dim}};
+  }
   cfg["hidden_act"] = "silu";
   cfg["attention_bias"] = false;
   cfg["tie_word_embeddings"] = c.tie_embeddings;

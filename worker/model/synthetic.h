@@ -1,4 +1,4 @@
-// Writes synthetic Llama-shaped checkpoints in the Hugging Face layout
+// Writes synthetic Llama- and DeepSeek-shaped checkpoints in the Hugging Face layout
 // (config.json + safetensors), for tests and benchmarks of any model size.
 // Weights are a pure function of (seed, tensor name, element index), so models
 // written with the same seed in different dtypes hold the same underlying
@@ -39,11 +39,40 @@ struct SyntheticModelOptions {
   uint64_t seed = 1;
   // > 1: model-00001-of-0000N.safetensors ... plus model.safetensors.index.json.
   int shards = 1;
+
+  // "llama", or one of the DeepSeek family's model_types (deepseek_v3,
+  // deepseek_v32, glm_moe_dsa) in transformers' tensor names: then the fields
+  // below shape it, kv_heads and head_dim are ignored, and `intermediate` is
+  // the dense layers' MLP. The router and norms are F32, the correction bias
+  // small and positive.
+  std::string family = "llama";
+  int q_lora_rank = 32;  // 0: q_proj instead of q_a_proj / q_b_proj
+  int kv_lora_rank = 32;
+  int qk_nope_head_dim = 16;
+  int qk_rope_head_dim = 8;
+  int v_head_dim = 16;
+  int n_routed_experts = 8;  // 0: every layer dense
+  int n_shared_experts = 1;
+  int experts_per_token = 2;
+  int moe_intermediate = 32;
+  int n_group = 2;
+  int topk_group = 1;
+  float routed_scaling_factor = 2.5f;
+  int first_k_dense = 1;
+  // The DSA indexer (deepseek_v32, glm_moe_dsa).
+  int index_topk = 16;
+  int index_n_heads = 4;
+  int index_head_dim = 16;
+  // > 1: YaRN RoPE scaling with original_max_position_embeddings =
+  // max_position / yarn_factor and mscale = mscale_all_dim = 1.
+  float yarn_factor = 0.0f;
 };
 
-// Named shapes: "tiny" (the defaults above) and "1b1" (TinyLlama 1.1B's shape:
+// Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:
 // hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab 32000,
-// 2048 positions, FP8). Other names are InvalidArgument.
+// 2048 positions, FP8), and the DeepSeek family at the defaults' small sizes:
+// "deepseek-tiny" (deepseek_v3) and "glm5-tiny" (glm_moe_dsa, BF16, 3 layers
+// of which the first is dense). Other names are InvalidArgument.
 absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name);
 
 // Writes the model to o.out_dir (created if needed; files of the same name are

@@ -34,9 +34,16 @@ inline void AttendHeadImpl(const AttendArgs& a) {
       for (int64_t j = 0; j < n; ++j) s[j] = std::fma(qd, kd[j], s[j]);
     }
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = s[j] / sqrt_hd;
-      mx = std::fmax(mx, s[j]);
+    if (a.scale > 0.0f) {
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] = s[j] * a.scale;
+        mx = std::fmax(mx, s[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
+        s[j] = s[j] / sqrt_hd;
+        mx = std::fmax(mx, s[j]);
+      }
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
@@ -45,11 +52,12 @@ inline void AttendHeadImpl(const AttendArgs& a) {
     }
     for (int64_t j = 0; j < n; ++j) s[j] /= sum;
     float* o = a.out + r * a.ldo;
-    for (int d = 0; d < a.head_dim; ++d) o[d] = 0.0f;
+    const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
+    for (int d = 0; d < vd; ++d) o[d] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
       const float* v = a.v + j * a.ldv;
       const float p = s[j];
-      for (int d = 0; d < a.head_dim; ++d) o[d] = std::fma(p, v[d], o[d]);
+      for (int d = 0; d < vd; ++d) o[d] = std::fma(p, v[d], o[d]);
     }
   }
 }

@@ -18,6 +18,39 @@ namespace {
 
 using cpu::Isa;
 
+// The KvCache geometry that holds every layer's cache: one pool, so its
+// layers must agree; paged K/V has two planes, a latent cache one plane of
+// latent_dim + rope_dim values. Recurrent state has no pool yet.
+struct PoolShape {
+  int kv_heads = 0, head_dim = 0, planes = 0;
+};
+absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches) {
+  if (caches.empty()) return absl::FailedPreconditionError("the model has no layers");
+  auto shape = [](const LayerCacheSpec& c) -> absl::StatusOr<PoolShape> {
+    switch (c.kind) {
+      case CacheKind::kPagedKv:
+        return PoolShape{c.kv_heads, c.head_dim, 2};
+      case CacheKind::kLatentKv:
+        return PoolShape{1, c.latent_dim + c.rope_dim, 1};
+      default:
+        return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
+                                                     " has no CPU pool; only paged and latent "
+                                                     "KV do"));
+    }
+  };
+  absl::StatusOr<PoolShape> first = shape(caches[0]);
+  if (!first.ok()) return first.status();
+  for (const LayerCacheSpec& c : caches) {
+    absl::StatusOr<PoolShape> s = shape(c);
+    if (!s.ok()) return s.status();
+    if (s->kv_heads != first->kv_heads || s->head_dim != first->head_dim ||
+        s->planes != first->planes) {
+      return absl::UnimplementedError("layers with different KV geometry share no pool");
+    }
+  }
+  return *first;
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const ModelWeights> model, std::unique_ptr<ModelGraph> graph,
@@ -47,21 +80,10 @@ class CpuBackend final : public Backend {
   absl::Status AllocateKvPool(const KvPoolSpec& spec) override {
     ops_.set_kv_cache(nullptr);
     kv_.reset();
-    // One pool holds every layer's K/V, so its layers must agree on the
-    // geometry; other cache kinds have no pool yet.
-    const std::vector<LayerCacheSpec>& caches = caches_;
-    if (caches.empty()) return absl::FailedPreconditionError("the model has no layers");
-    for (const LayerCacheSpec& c : caches) {
-      if (c.kind != CacheKind::kPagedKv) {
-        return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
-                                                     " has no CPU pool; only paged KV does"));
-      }
-      if (c.kv_heads != caches[0].kv_heads || c.head_dim != caches[0].head_dim) {
-        return absl::UnimplementedError("layers with different KV geometry share no pool");
-      }
-    }
-    auto kv = KvCache::Create(static_cast<int>(caches.size()), caches[0].kv_heads,
-                              caches[0].head_dim, spec);
+    absl::StatusOr<PoolShape> shape = PoolShapeOf(caches_);
+    if (!shape.ok()) return shape.status();
+    auto kv = KvCache::Create(static_cast<int>(caches_.size()), shape->kv_heads, shape->head_dim,
+                              spec, shape->planes);
     if (!kv.ok()) return kv.status();
     kv_ = std::move(*kv);
     ops_.set_kv_cache(kv_.get());
@@ -191,14 +213,10 @@ absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard
   absl::StatusOr<std::vector<LayerCacheSpec>> caches = GraphLayerCaches(config, shard);
   if (!caches.ok()) return caches.status();
   if (caches->empty()) return absl::InvalidArgumentError("the model has no layers");
-  for (const LayerCacheSpec& c : *caches) {
-    if (c.kind != CacheKind::kPagedKv) {
-      return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
-                                                   " has no CPU pool; only paged KV does"));
-    }
-  }
-  return KvCache::BlockBytes(static_cast<int>(caches->size()), (*caches)[0].kv_heads,
-                             (*caches)[0].head_dim, spec);
+  absl::StatusOr<PoolShape> shape = PoolShapeOf(*caches);
+  if (!shape.ok()) return shape.status();
+  return KvCache::BlockBytes(static_cast<int>(caches->size()), shape->kv_heads, shape->head_dim,
+                             spec, shape->planes);
 }
 
 }  // namespace ringlane::worker

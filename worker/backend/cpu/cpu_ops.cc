@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 namespace ringlane::worker::cpu {
 
@@ -22,6 +23,7 @@ void CpuOps::BeginRound(const RoundRows& rows) {
   ktbuf_.resize(threads);
   vbuf_.resize(threads);
   scores_.resize(threads);
+  qbuf_.resize(threads);
 }
 
 void CpuOps::PrepareRope(absl::Span<const float> inv_freq) {
@@ -181,6 +183,177 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
       a.out = out + row0 * ldq + int64_t{h} * hd;
       a.ldo = ldq;
       AttendHead(a, isa_);
+    }
+  });
+}
+
+void CpuOps::MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+                              int64_t ldy) {
+  const int64_t R = w.rows, C = w.cols;
+  if (wt_.size() < static_cast<size_t>(R * C)) wt_.resize(R * C);
+  float* wt = wt_.data();
+  pool_->ParallelFor(R, [&](int64_t r, int) { DequantRow(w, r, wt + r * C, isa_); });
+  // One row per task: y[m][c] accumulates w[i][c] * x[m][i] in increasing i,
+  // a multiply and an add each (compiled once, so every ISA rounds alike).
+  pool_->ParallelFor(rows, [&](int64_t m, int) {
+    float* ym = y + m * ldy;
+    const float* xm = x + m * ldx;
+    std::fill(ym, ym + C, 0.0f);
+    for (int64_t i = 0; i < R; ++i) {
+      const float xi = xm[i];
+      const float* wi = wt + i * C;
+      for (int64_t c = 0; c < C; ++c) ym[c] = ym[c] + xi * wi[c];
+    }
+  });
+}
+
+void CpuOps::StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
+                         int64_t ldpe, int rope_dim) {
+  const int bs = kv_->spec().block_size;
+  latent_row_.resize(latent_dim + rope_dim);
+  for (int64_t t = 0; t < rows_.rows; ++t) {
+    const SeqStep& seq = rows_.round->seqs[rows_.row_seq[t]];
+    const int64_t p = rows_.positions[t];
+    std::copy_n(c + t * ldc, latent_dim, latent_row_.data());
+    std::copy_n(pe + t * ldpe, rope_dim, latent_row_.data() + latent_dim);
+    kv_->Store(seq.block_ids[p / bs], static_cast<int>(p % bs), layer, 0, latent_row_.data());
+  }
+}
+
+void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, const float* q_pe,
+                          float* out) {
+  const int C = lh.latent_dim, R = lh.rope_dim, W = C + R;
+  const int64_t nseq = static_cast<int64_t>(rows_.round->seqs.size());
+  // Heads in as many chunks as there are threads: a lone decoding sequence
+  // still uses every thread; each chunk reads the sequence's latents once.
+  const int chunks = std::min<int>(lh.heads, static_cast<int>(pool_->num_threads()));
+  pool_->ParallelFor(nseq * chunks, [&](int64_t task, int thread) {
+    const int s = static_cast<int>(task / chunks);
+    const int chunk = static_cast<int>(task % chunks);
+    const int h0 = chunk * lh.heads / chunks, h1 = (chunk + 1) * lh.heads / chunks;
+    const SeqStep& seq = rows_.round->seqs[s];
+    const int rows = static_cast<int>(seq.tokens.size());
+    const int64_t n_ctx = seq.start_position + rows;
+    std::vector<float>& kb = kbuf_[thread];
+    std::vector<float>& kt = ktbuf_[thread];
+    std::vector<float>& sc = scores_[thread];
+    std::vector<float>& qb = qbuf_[thread];
+    if (kb.size() < static_cast<size_t>(n_ctx * W)) {
+      kb.resize(n_ctx * W);
+      kt.resize(n_ctx * W);
+    }
+    if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
+    if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
+    // Read back in the stored dtype, this round's rows too, as decode will.
+    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), W);
+    for (int64_t j = 0; j < n_ctx; ++j)
+      for (int d = 0; d < W; ++d) kt[d * n_ctx + j] = kb[j * W + d];
+    const int64_t row0 = rows_.seq_row0[s];
+    const int64_t ld_lat = int64_t{lh.heads} * C;
+    for (int h = h0; h < h1; ++h) {
+      for (int r = 0; r < rows; ++r) {
+        const int64_t t = row0 + r;
+        std::copy_n(q_lat + t * ld_lat + int64_t{h} * C, C, qb.data() + int64_t{r} * W);
+        std::copy_n(q_pe + t * lh.pe_ld + h * lh.pe_stride, R, qb.data() + int64_t{r} * W + C);
+      }
+      AttendArgs a;
+      a.q = qb.data();
+      a.ldq = W;
+      a.rows = rows;
+      a.positions = rows_.positions + row0;
+      a.kt = kt.data();
+      a.ldkt = n_ctx;
+      a.v = kb.data();  // the latent part of each cached row is the value
+      a.ldv = W;
+      a.head_dim = W;
+      a.v_dim = C;
+      a.scale = lh.scale;
+      a.scores = sc.data();
+      a.out = out + row0 * ld_lat + int64_t{h} * C;
+      a.ldo = ld_lat;
+      AttendHead(a, isa_);
+    }
+  });
+}
+
+void CpuOps::MoeRoute(const float* logits, int rows, const MoeConfig& moe,
+                      absl::Span<const float> bias, int32_t* experts, float* weights) {
+  const int E = moe.n_routed, k = moe.experts_per_token;
+  const int group_size = E / moe.n_group;
+  std::vector<float> scores(E), choice(E), group_score(moe.n_group);
+  std::vector<int> order(E), groups(moe.n_group);
+  // Best first, ties to the lower index: a total order, so the choice is a
+  // function of this row's logits alone.
+  auto by = [](const std::vector<float>& v) {
+    return [&v](int a, int b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+  };
+  for (int t = 0; t < rows; ++t) {
+    const float* lg = logits + int64_t{t} * E;
+    if (moe.sigmoid_scoring) {
+      for (int e = 0; e < E; ++e) scores[e] = 1.0f / (1.0f + std::exp(-lg[e]));
+    } else {
+      float mx = -INFINITY, sum = 0.0f;
+      for (int e = 0; e < E; ++e) mx = std::fmax(mx, lg[e]);
+      for (int e = 0; e < E; ++e) sum += (scores[e] = std::exp(lg[e] - mx));
+      for (int e = 0; e < E; ++e) scores[e] /= sum;
+    }
+    for (int e = 0; e < E; ++e) choice[e] = bias.empty() ? scores[e] : scores[e] + bias[e];
+    if (moe.n_group > 1) {
+      // noaux_tc ranks a group by its two best biased scores, the greedy
+      // methods by its best one; the groups left out cannot be chosen.
+      for (int g = 0; g < moe.n_group; ++g) {
+        const float* v = choice.data() + g * group_size;
+        float best = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < group_size; ++i) {
+          if (v[i] > best) {
+            second = best;
+            best = v[i];
+          } else if (v[i] > second) {
+            second = v[i];
+          }
+        }
+        group_score[g] = moe.correction_bias ? best + second : best;
+      }
+      std::iota(groups.begin(), groups.end(), 0);
+      std::partial_sort(groups.begin(), groups.begin() + moe.topk_group, groups.end(),
+                        by(group_score));
+      std::vector<bool> kept(moe.n_group, false);
+      for (int i = 0; i < moe.topk_group; ++i) kept[groups[i]] = true;
+      for (int e = 0; e < E; ++e) {
+        if (!kept[e / group_size]) choice[e] = -INFINITY;
+      }
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), by(choice));
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) {
+      experts[int64_t{t} * k + s] = order[s];
+      weights[int64_t{t} * k + s] = scores[order[s]];
+      sum += scores[order[s]];
+    }
+    for (int s = 0; s < k; ++s) {
+      float& w = weights[int64_t{t} * k + s];
+      if (moe.norm_topk_prob) w = w / (sum + 1e-20f);
+      w = w * moe.routed_scaling;
+    }
+  }
+}
+
+void CpuOps::ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows, float* out) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::memcpy(out + rows[r] * dim, x + r * dim, dim * sizeof(float));
+  }
+}
+
+void CpuOps::WeightedRowSum(const float* y, const float* weights, int k, int64_t rows, int64_t dim,
+                            float* out) {
+  pool_->ParallelFor(rows, [&](int64_t t, int) {
+    float* o = out + t * dim;
+    std::fill(o, o + dim, 0.0f);
+    for (int s = 0; s < k; ++s) {
+      const float w = weights[t * k + s];
+      const float* ys = y + (t * k + s) * dim;
+      for (int64_t d = 0; d < dim; ++d) o[d] = o[d] + w * ys[d];
     }
   });
 }

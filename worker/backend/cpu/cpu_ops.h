@@ -47,6 +47,18 @@ class CpuOps final : public ComputeOps {
   void StorePagedKv(int layer, const float* k, const float* v, int64_t ld) override;
   void AttendPaged(int layer, const AttentionHeads& heads, const float* q, float* out,
                    int64_t ld) override;
+  void MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
+                        int64_t ldy) override;
+  void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
+                   int64_t ldpe, int rope_dim) override;
+  void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat, const float* q_pe,
+                    float* out) override;
+  void MoeRoute(const float* logits, int rows, const MoeConfig& moe,
+                absl::Span<const float> correction_bias, int32_t* experts, float* weights) override;
+  void ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
+                   float* out) override;
+  void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows, int64_t dim,
+                      float* out) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
   void Add(float* x, const float* y, int64_t n) override;
   int group_size() const override { return comm_ == nullptr ? 1 : comm_->world_size(); }
@@ -66,6 +78,11 @@ class CpuOps final : public ComputeOps {
   // Per pool thread: K, K transposed and V of one sequence's context, and the
   // attention scores of one row.
   std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
+  // Per pool thread: the queries of one latent head, [rows][latent + rope].
+  std::vector<std::vector<float>> qbuf_;
+  // MatMulTransposed's weights converted to float, [w.rows][w.cols].
+  AlignedFloats wt_;
+  std::vector<float> latent_row_;  // StoreLatent's row: latent, then rope key
 };
 
 }  // namespace ringlane::worker::cpu

@@ -70,7 +70,9 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
 // converted to float for context positions 0, 1, ... K comes transposed so the
 // scores of consecutive positions are computed side by side: score(r, j) is
 // the sum over d, in increasing d, of q[r][d] * kt[d][j] (fused multiply-adds),
-// divided by sqrt(head_dim) — the same for every row whatever the round.
+// divided by sqrt(head_dim), or multiplied by `scale` when that is set — the
+// same for every row whatever the round. The output has v_dim values (the
+// first v_dim of each V row; head_dim when 0), as latent attention needs.
 struct AttendArgs {
   const float* q;  // [rows][ldq]
   int64_t ldq;
@@ -84,6 +86,8 @@ struct AttendArgs {
   float* scores;  // scratch, at least max position + 1 floats
   float* out;     // [rows][ldo]
   int64_t ldo;
+  int v_dim = 0;
+  float scale = 0.0f;
 };
 void AttendHead(const AttendArgs& args, Isa isa);
 

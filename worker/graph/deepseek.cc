@@ -1,0 +1,239 @@
+#include "worker/graph/deepseek.h"
+
+#include <cmath>
+#include <utility>
+
+#include "worker/model/rope.h"
+
+namespace ringlane::worker {
+namespace {
+
+// The graph's activation buffers (ComputeOps::Scratch slots).
+enum Slot : int {
+  kX,    // [T][hidden] the residual stream
+  kXb,   // [T][hidden] normed input of a block
+  kTmp,  // [T][hidden] a block's output before the residual add
+  kQa,   // [T][q_lora_rank] query latent
+  kQaNormed,
+  kQ,       // [T][heads * (nope + rope)]
+  kLatent,  // [T][kv_lora_rank]
+  kLatentNormed,
+  kRopeKey,    // [T][rope]
+  kQLatent,    // [T][heads * kv_lora_rank] queries absorbed into the latent space
+  kOLatent,    // [T][heads * kv_lora_rank] attention output in the latent space
+  kAtt,        // [T][heads * v_head_dim]
+  kGate,       // [rows][intermediate]
+  kUp,         // [rows][intermediate]
+  kRouter,     // [T][n_routed] router logits
+  kExpertIn,   // [rows of an expert][hidden]
+  kExpertOut,  // [rows of an expert][hidden]
+  kSlots,      // [T * experts_per_token][hidden] each choice's output
+  kShared,     // [T][hidden] the shared experts' output
+  kHead,       // RoundIndex::Head's five slots
+};
+
+// transformers and DeepSeek's own model.py build q_a_layernorm and
+// kv_a_layernorm with their norm's default epsilon, not rms_norm_eps.
+constexpr float kLatentNormEps = 1e-6f;
+
+Matrix Rows(const Matrix& m, int64_t r0, int64_t n) {
+  Matrix v = m;
+  v.data = m.Row(r0);
+  v.rows = n;
+  v.row_offset = m.row_offset + r0;
+  return v;
+}
+
+float SoftmaxScale(const ModelConfig& c) {
+  const double mscale = YarnSoftmaxMscale(c.rope_scaling);
+  const double qk = c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim;
+  return static_cast<float>(mscale * mscale / std::sqrt(qk));
+}
+
+}  // namespace
+
+DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
+    : model_(std::move(model)),
+      cfg_(model_->config),
+      shard_(model_->shard),
+      inv_freq_(RopeInverseFrequencies(cfg_)),
+      scale_(SoftmaxScale(cfg_)) {
+  const MlaConfig& m = cfg_.mla;
+  const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
+  for (const LayerWeights& w : model_->layers) {
+    LayerViews v;
+    v.kv_a_latent = Rows(w.mla.wkv_a, 0, m.kv_lora_rank);
+    v.kv_a_rope = Rows(w.mla.wkv_a, m.kv_lora_rank, m.qk_rope_head_dim);
+    for (int h = 0; h < shard_.heads; ++h) {
+      v.uk.push_back(Rows(w.mla.wkv_b, h * nv, m.qk_nope_head_dim));
+      v.uv.push_back(Rows(w.mla.wkv_b, h * nv + m.qk_nope_head_dim, m.v_head_dim));
+    }
+    views_.push_back(std::move(v));
+  }
+}
+
+std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config,
+                                                       const TpShard& /*shard*/) {
+  LayerCacheSpec latent;
+  latent.kind = CacheKind::kLatentKv;
+  latent.kv_heads = 1;
+  latent.latent_dim = config.mla.kv_lora_rank;
+  latent.rope_dim = config.mla.qk_rope_head_dim;
+  latent.head_dim = latent.latent_dim + latent.rope_dim;
+  return std::vector<LayerCacheSpec>(config.layers, latent);
+}
+
+absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, ComputeOps* ops) {
+  RoundOutput out;
+  out.vocab = cfg_.vocab;
+  out.logits.resize(round.seqs.size());
+  if (round.seqs.empty()) return out;
+
+  const int D = cfg_.hidden;
+  const bool tp = ops->group_size() > 1 && shard_.world > 1;
+  // Sums a row-parallel block's partial outputs over the group (rank order).
+  auto reduce = [&](float* data, int64_t n) -> absl::Status {
+    return tp ? ops->AllReduceSum(data, n) : absl::OkStatus();
+  };
+  const int64_t T = index_.Begin(round, ops);
+  const int rows = static_cast<int>(T);
+  float* x = ops->Scratch(kX, T * D);
+  float* xb = ops->Scratch(kXb, T * D);
+  float* tmp = ops->Scratch(kTmp, T * D);
+
+  ops->Embed(model_->embed, shard_.vocab0, shard_.vocab, x);
+  ops->PrepareRope(inv_freq_);
+  if (absl::Status st = reduce(x, T * D); !st.ok()) return st;
+
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const LayerWeights& w = model_->layers[l];
+    ops->RmsNorm(x, w.attn_norm, D, cfg_.rms_eps, xb, rows);
+    Attention(l, xb, rows, ops, tmp);
+    if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
+    ops->Add(x, tmp, T * D);
+
+    ops->RmsNorm(x, w.ffn_norm, D, cfg_.rms_eps, xb, rows);
+    if (w.sparse) {
+      Moe(w, xb, rows, ops, tmp);
+    } else {
+      GatedMlp(w.mlp, shard_.intermediate, xb, rows, ops, tmp);
+    }
+    if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
+    ops->Add(x, tmp, T * D);
+  }
+
+  if (absl::Status st = index_.Head(*model_, round, x, kHead, ops, &out); !st.ok()) return st;
+  return out;
+}
+
+void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out) {
+  const MlaConfig& m = cfg_.mla;
+  const MlaWeights& a = model_->layers[layer].mla;
+  const LayerViews& v = views_[layer];
+  const int D = cfg_.hidden, H = shard_.heads;
+  const int C = m.kv_lora_rank, R = m.qk_rope_head_dim, N = m.qk_nope_head_dim;
+  const int QK = N + R, V = m.v_head_dim, QL = m.q_lora_rank;
+  const int64_t T = rows;
+  float* q = ops->Scratch(kQ, T * H * QK);
+  float* latent = ops->Scratch(kLatent, T * C);
+  float* rope_key = ops->Scratch(kRopeKey, T * R);
+
+  // The down projections share their input: one op for all of them.
+  if (QL > 0) {
+    float* qa = ops->Scratch(kQa, T * QL);
+    float* qa_normed = ops->Scratch(kQaNormed, T * QL);
+    ops->MatMulShared({{&a.wq_a, qa, QL}, {&v.kv_a_latent, latent, C}, {&v.kv_a_rope, rope_key, R}},
+                      xb, D, rows);
+    ops->RmsNorm(qa, a.q_a_norm, QL, kLatentNormEps, qa_normed, rows);
+    ops->MatMul(a.wq_b, qa_normed, QL, rows, q, int64_t{H} * QK);
+  } else {
+    ops->MatMulShared(
+        {{&a.wq_b, q, int64_t{H} * QK}, {&v.kv_a_latent, latent, C}, {&v.kv_a_rope, rope_key, R}},
+        xb, D, rows);
+  }
+  float* latent_normed = ops->Scratch(kLatentNormed, T * C);
+  ops->RmsNorm(latent, a.kv_a_norm, C, kLatentNormEps, latent_normed, rows);
+  ops->Rope(rope_key, R, 1, R, cfg_.rope_layout);
+  for (int h = 0; h < H; ++h)
+    ops->Rope(q + int64_t{h} * QK + N, int64_t{H} * QK, 1, R, cfg_.rope_layout);
+  ops->StoreLatent(layer, latent_normed, C, C, rope_key, R, R);
+
+  // Absorb W_UK into each head's query: q_nope . (W_UK c) = (W_UK^T q_nope) . c.
+  float* q_latent = ops->Scratch(kQLatent, T * H * C);
+  for (int h = 0; h < H; ++h) {
+    ops->MatMulTransposed(v.uk[h], q + int64_t{h} * QK, int64_t{H} * QK, rows,
+                          q_latent + int64_t{h} * C, int64_t{H} * C);
+  }
+  float* o_latent = ops->Scratch(kOLatent, T * H * C);
+  LatentHeads lh;
+  lh.heads = H;
+  lh.latent_dim = C;
+  lh.rope_dim = R;
+  lh.scale = scale_;
+  lh.pe_ld = int64_t{H} * QK;
+  lh.pe_stride = QK;
+  ops->AttendLatent(layer, lh, q_latent, q + N, o_latent);
+
+  // Each head's values: W_UV applied to its attention output in the latent space.
+  float* att = ops->Scratch(kAtt, T * H * V);
+  for (int h = 0; h < H; ++h) {
+    ops->MatMul(v.uv[h], o_latent + int64_t{h} * C, int64_t{H} * C, rows, att + int64_t{h} * V,
+                int64_t{H} * V);
+  }
+  ops->MatMul(a.wo, att, int64_t{H} * V, rows, out, D);
+}
+
+void DeepseekGraph::GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows,
+                             ComputeOps* ops, float* out) {
+  float* gate = ops->Scratch(kGate, int64_t{rows} * inter);
+  float* up = ops->Scratch(kUp, int64_t{rows} * inter);
+  ops->MatMulShared({{&m.w_gate, gate, inter}, {&m.w_up, up, inter}}, in, cfg_.hidden, rows);
+  ops->SiluMul(gate, up, rows, inter);
+  ops->MatMul(m.w_down, gate, inter, rows, out, cfg_.hidden);
+}
+
+void DeepseekGraph::Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops,
+                        float* out) {
+  const MoeConfig& e = cfg_.moe;
+  const int D = cfg_.hidden, E = e.n_routed, k = e.experts_per_token;
+  const int64_t T = rows;
+  float* logits = ops->Scratch(kRouter, T * E);
+  ops->MatMul(w.moe.router, xb, D, rows, logits, E);
+  experts_.resize(T * k);
+  weights_.resize(T * k);
+  ops->MoeRoute(logits, rows, e, w.moe.correction_bias, experts_.data(), weights_.data());
+
+  expert_tokens_.resize(E);
+  expert_slots_.resize(E);
+  for (int x = 0; x < E; ++x) {
+    expert_tokens_[x].clear();
+    expert_slots_[x].clear();
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    for (int s = 0; s < k; ++s) {
+      const int32_t x = experts_[t * k + s];
+      expert_tokens_[x].push_back(t);
+      expert_slots_[x].push_back(t * k + s);
+    }
+  }
+  // Each expert over the rows that chose it; a row's result is the same
+  // whichever other rows an expert runs with.
+  float* slots = ops->Scratch(kSlots, T * k * D);
+  for (int x = 0; x < E; ++x) {
+    const int n = static_cast<int>(expert_tokens_[x].size());
+    if (n == 0) continue;
+    float* in = ops->Scratch(kExpertIn, int64_t{n} * D);
+    float* res = ops->Scratch(kExpertOut, int64_t{n} * D);
+    ops->SelectRows(xb, D, expert_tokens_[x], in);
+    GatedMlp(w.moe.experts[x], shard_.expert_intermediate, in, n, ops, res);
+    ops->ScatterRows(res, D, expert_slots_[x], slots);
+  }
+  ops->WeightedRowSum(slots, weights_.data(), k, T, D, out);
+  if (e.n_shared > 0) {
+    float* shared = ops->Scratch(kShared, T * D);
+    GatedMlp(w.moe.shared, shard_.shared_intermediate, xb, rows, ops, shared);
+    ops->Add(out, shared, T * D);
+  }
+}
+
+}  // namespace ringlane::worker

@@ -1,0 +1,88 @@
+// The forward pass of the DeepSeek-V3 family (deepseek_v3, deepseek_v32 and
+// GLM-5's glm_moe_dsa), written over the ops of backend/ops.h:
+//
+//   x = embed(tokens)
+//   per layer: x += o(MLA(attn_norm(x)))            (all-reduce after o)
+//              x += MoE or dense MLP(ffn_norm(x))   (all-reduce after down)
+//   logits = lm_head(final_norm(x)) for the rows asked for
+//
+// Attention is multi-head latent attention in its absorbed form for every
+// row, prefill and decode alike: the cache holds each token's normed latent
+// (kv_lora_rank values) and its RoPE key, never per-head K/V; a query head's
+// no-RoPE part is mapped into the latent space through its slice of kv_b
+// (W_UK), attends over the latents, and the result is mapped back to the
+// head's values through the other slice (W_UV). Each row is computed the same
+// way whatever shares its round, so the graph is batch-invariant.
+//
+// MoE: the router's scores pick experts per token (MoeRoute); each expert runs
+// on the rows that chose it and the outputs are combined per token in the
+// token's own order of choice, then the shared experts are added; so a
+// token's result does not depend on which other tokens share the round.
+//
+// Tensor-parallel: the rank's heads (rows of q_b and kv_b, columns of o), the
+// rank's columns of every expert, of the shared experts and of the dense MLP;
+// the latent is computed whole on every rank (replicated cache).
+//
+// Not yet: the DSA indexer's sparse selection (the graph attends densely, so
+// a deepseek_v32 / glm_moe_dsa model is exact up to its dense window, which the
+// worker enforces) and MTP. Made by graph/factory.h.
+#ifndef RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
+#define RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/backend/ops.h"
+#include "worker/graph/graph.h"
+#include "worker/graph/round_index.h"
+#include "worker/model/model.h"
+#include "worker/round.h"
+
+namespace ringlane::worker {
+
+class DeepseekGraph final : public ModelGraph {
+ public:
+  // `model` is this rank's shard (the whole model when not sharded).
+  explicit DeepseekGraph(std::shared_ptr<const ModelWeights> model);
+
+  // One latent cache per layer: kv_lora_rank + qk_rope_head_dim values per token.
+  static std::vector<LayerCacheSpec> LayerCaches(const ModelConfig& config, const TpShard& shard);
+
+  std::string family() const override { return cfg_.model_type; }
+  std::vector<LayerCacheSpec> LayerCaches() const override { return LayerCaches(cfg_, shard_); }
+  absl::StatusOr<RoundOutput> Forward(const RoundInput& round, ComputeOps* ops) override;
+
+ private:
+  // Views into a layer's weights the graph uses every round, made once.
+  struct LayerViews {
+    Matrix kv_a_latent, kv_a_rope;  // rows of kv_a_proj_with_mqa
+    std::vector<Matrix> uk, uv;     // per local head: W_UK and W_UV rows of kv_b
+  };
+
+  // Each writes its block's output ([rows][hidden], before the all-reduce)
+  // into `out` from the normed input xb.
+  void Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
+  void Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops, float* out);
+  void GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows, ComputeOps* ops,
+                float* out);
+
+  const std::shared_ptr<const ModelWeights> model_;
+  const ModelConfig& cfg_;
+  const TpShard& shard_;
+  const std::vector<float> inv_freq_;  // of the rope part
+  const float scale_;                  // the attention softmax scale
+  std::vector<LayerViews> views_;
+  RoundIndex index_;
+  // Per round, MoE routing: [rows][k] experts and weights, and each expert's
+  // rows (token rows and slot rows t * k + s), rebuilt per layer.
+  std::vector<int32_t> experts_;
+  std::vector<float> weights_;
+  std::vector<std::vector<int64_t>> expert_tokens_, expert_slots_;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_GRAPH_DEEPSEEK_H_

@@ -1,0 +1,251 @@
+// The DeepSeek family's config.json keys (deepseek_v3, deepseek_v32,
+// glm_moe_dsa) as transformers writes them, the bad-input table of what the
+// engine refuses and why, and tied checkpoints that store only lm_head.weight.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/hf_config.h"
+#include "worker/model/model.h"
+#include "worker/model/rope.h"
+#include "worker/model/synthetic.h"
+
+namespace ringlane::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+// GLM-5's published shape (transformers' GlmMoeDsaConfig defaults), written
+// the way its config.json is: rope_parameters, mlp_layer_types.
+Json Glm5Config() {
+  Json j;
+  j["model_type"] = "glm_moe_dsa";
+  j["vocab_size"] = 154880;
+  j["hidden_size"] = 6144;
+  j["intermediate_size"] = 12288;
+  j["moe_intermediate_size"] = 2048;
+  j["num_hidden_layers"] = 78;
+  j["num_attention_heads"] = 64;
+  j["num_key_value_heads"] = 64;
+  j["n_shared_experts"] = 1;
+  j["n_routed_experts"] = 256;
+  j["routed_scaling_factor"] = 2.5;
+  j["kv_lora_rank"] = 512;
+  j["q_lora_rank"] = 2048;
+  j["qk_rope_head_dim"] = 64;
+  j["qk_nope_head_dim"] = 192;
+  j["v_head_dim"] = 256;
+  j["n_group"] = 1;
+  j["topk_group"] = 1;
+  j["num_experts_per_tok"] = 8;
+  j["norm_topk_prob"] = true;
+  j["max_position_embeddings"] = 202752;
+  j["rms_norm_eps"] = 1e-5;
+  j["rope_parameters"] = {{"rope_theta", 1000000.0}, {"rope_type", "default"}};
+  Json types = Json::array();
+  for (int l = 0; l < 78; ++l) types.push_back(l < 3 ? "dense" : "sparse");
+  j["mlp_layer_types"] = types;
+  j["index_topk"] = 2048;
+  j["index_head_dim"] = 128;
+  j["index_n_heads"] = 32;
+  j["quantization_config"] = {
+      {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  return j;
+}
+
+// DeepSeek-V3's published config.json (the keys that shape the model).
+Json DeepseekV3Config() {
+  Json j;
+  j["model_type"] = "deepseek_v3";
+  j["vocab_size"] = 129280;
+  j["hidden_size"] = 7168;
+  j["intermediate_size"] = 18432;
+  j["moe_intermediate_size"] = 2048;
+  j["num_hidden_layers"] = 61;
+  j["num_attention_heads"] = 128;
+  j["num_key_value_heads"] = 128;
+  j["n_shared_experts"] = 1;
+  j["n_routed_experts"] = 256;
+  j["routed_scaling_factor"] = 2.5;
+  j["kv_lora_rank"] = 512;
+  j["q_lora_rank"] = 1536;
+  j["qk_rope_head_dim"] = 64;
+  j["qk_nope_head_dim"] = 128;
+  j["v_head_dim"] = 128;
+  j["n_group"] = 8;
+  j["topk_group"] = 4;
+  j["num_experts_per_tok"] = 8;
+  j["first_k_dense_replace"] = 3;
+  j["moe_layer_freq"] = 1;
+  j["norm_topk_prob"] = true;
+  j["scoring_func"] = "sigmoid";
+  j["topk_method"] = "noaux_tc";
+  j["max_position_embeddings"] = 163840;
+  j["rms_norm_eps"] = 1e-6;
+  j["rope_theta"] = 10000;
+  j["rope_scaling"] = {{"beta_fast", 32},       {"beta_slow", 1},
+                       {"factor", 40},          {"mscale", 1.0},
+                       {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096},
+                       {"type", "yarn"}};
+  return j;
+}
+
+TEST(DeepseekConfigTest, ParsesGlm5) {
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(Glm5Config().dump(), "glm5/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const ModelConfig& c = hf->config;
+  EXPECT_TRUE(IsMla(c));
+  EXPECT_TRUE(hf->fp8_block_scaled);
+  EXPECT_EQ(c.mla.q_lora_rank, 2048);
+  EXPECT_EQ(c.mla.kv_lora_rank, 512);
+  EXPECT_EQ(c.mla.qk_nope_head_dim, 192);
+  EXPECT_EQ(c.mla.v_head_dim, 256);
+  EXPECT_EQ(c.head_dim, 64);  // the rope part
+  EXPECT_EQ(c.kv_heads, 64);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_TRUE(c.rope_scaling.type.empty());
+  EXPECT_EQ(c.rope_layout, RopeLayout::kInterleaved);
+  EXPECT_EQ(c.moe.n_routed, 256);
+  EXPECT_EQ(c.moe.experts_per_token, 8);
+  EXPECT_EQ(c.moe.expert_intermediate, 2048);
+  EXPECT_FLOAT_EQ(c.moe.routed_scaling, 2.5f);
+  EXPECT_TRUE(c.moe.sigmoid_scoring);
+  EXPECT_TRUE(c.moe.correction_bias);
+  ASSERT_EQ(c.moe.sparse_layer.size(), 78u);
+  EXPECT_FALSE(c.moe.sparse_layer[2]);
+  EXPECT_TRUE(c.moe.sparse_layer[3]);
+  EXPECT_EQ(c.indexer.topk, 2048);
+  EXPECT_EQ(c.indexer.heads, 32);
+  EXPECT_EQ(c.indexer.head_dim, 128);
+  EXPECT_TRUE(c.indexer.rope_interleave);
+}
+
+TEST(DeepseekConfigTest, ParsesDeepseekV3WithYarn) {
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(DeepseekV3Config().dump(), "v3/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const ModelConfig& c = hf->config;
+  EXPECT_EQ(c.indexer.topk, 0);  // no DSA in V3
+  EXPECT_EQ(c.moe.n_group, 8);
+  EXPECT_EQ(c.moe.topk_group, 4);
+  EXPECT_FALSE(c.moe.sparse_layer[2]);
+  EXPECT_TRUE(c.moe.sparse_layer[3]);
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_EQ(c.rope_scaling.original_max_position, 4096);
+  EXPECT_NEAR(YarnSoftmaxMscale(c.rope_scaling), 0.1 * std::log(40.0) + 1.0, 1e-6);
+  // YaRN keeps the fastest rotating pairs and interpolates the slowest.
+  const std::vector<float> inv = RopeInverseFrequencies(c);
+  ASSERT_EQ(inv.size(), 32u);
+  EXPECT_FLOAT_EQ(inv[0], 1.0f);
+  EXPECT_NEAR(inv[31], std::pow(10000.0, -62.0 / 64) / 40, 1e-12);
+
+  Json v32 = DeepseekV3Config();
+  v32["model_type"] = "deepseek_v32";
+  hf = ParseHfConfig(v32.dump(), "v32/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ(hf->config.indexer.heads, 64);
+  EXPECT_FALSE(hf->config.indexer.rope_interleave);
+}
+
+// What the engine refuses: each row changes one key; the error names it.
+TEST(DeepseekConfigTest, BadConfigsNameTheField) {
+  struct Row {
+    const char* key;
+    Json value;
+    absl::StatusCode code;
+    const char* says;
+  };
+  const Json yarn_off = {{"type", "yarn"},
+                         {"factor", 40},
+                         {"mscale", 0.707},
+                         {"mscale_all_dim", 1.0},
+                         {"original_max_position_embeddings", 4096}};
+  const std::vector<Row> rows = {
+      {"kv_lora_rank", nullptr, absl::StatusCode::kInvalidArgument, "kv_lora_rank"},
+      {"qk_rope_head_dim", 63, absl::StatusCode::kInvalidArgument, "qk_rope_head_dim"},
+      {"v_head_dim", 0, absl::StatusCode::kInvalidArgument, "v_head_dim"},
+      {"q_lora_rank", -1, absl::StatusCode::kInvalidArgument, "q_lora_rank"},
+      {"num_experts_per_tok", 0, absl::StatusCode::kInvalidArgument, "num_experts_per_tok"},
+      {"num_experts_per_tok", 300, absl::StatusCode::kInvalidArgument, "num_experts_per_tok"},
+      {"n_group", 7, absl::StatusCode::kInvalidArgument, "n_group"},
+      {"topk_group", 9, absl::StatusCode::kInvalidArgument, "topk_group"},
+      {"routed_scaling_factor", -1, absl::StatusCode::kInvalidArgument, "routed_scaling_factor"},
+      {"scoring_func", "tanh", absl::StatusCode::kUnimplemented, "scoring_func"},
+      {"topk_method", "group_limited_greedy", absl::StatusCode::kUnimplemented, "topk_method"},
+      {"moe_layer_freq", 2, absl::StatusCode::kUnimplemented, "moe_layer_freq"},
+      {"rope_scaling", yarn_off, absl::StatusCode::kUnimplemented, "mscale"},
+      {"mlp_layer_types", Json::array({"dense"}), absl::StatusCode::kInvalidArgument,
+       "mlp_layer_types"},
+      {"first_k_dense_replace", -1, absl::StatusCode::kInvalidArgument, "first_k_dense_replace"},
+      {"moe_intermediate_size", nullptr, absl::StatusCode::kInvalidArgument,
+       "moe_intermediate_size"},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(std::string(r.key) + " = " + r.value.dump());
+    Json j = DeepseekV3Config();
+    j[r.key] = r.value;
+    absl::StatusOr<HfConfig> hf = ParseHfConfig(j.dump(), "bad/config.json");
+    ASSERT_FALSE(hf.ok());
+    EXPECT_EQ(hf.status().code(), r.code) << hf.status();
+    EXPECT_THAT(std::string(hf.status().message()), HasSubstr(r.says));
+  }
+  Json glm = Glm5Config();
+  glm["index_head_dim"] = 32;  // below the rope part it rotates
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(glm.dump(), "bad/config.json");
+  EXPECT_TRUE(absl::IsInvalidArgument(hf.status())) << hf.status();
+  EXPECT_THAT(std::string(hf.status().message()), HasSubstr("index_head_dim"));
+}
+
+// Renames one tensor in a single-file safetensors checkpoint (the header is
+// JSON; data offsets are relative to its end, so only the header changes).
+void RenameTensor(const std::string& path, const std::string& from, const std::string& to) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  Json header = Json::parse(bytes.substr(8, n));
+  Json renamed;
+  for (auto& [k, v] : header.items()) renamed[k == from ? to : k] = v;
+  std::string text = renamed.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t m = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&m), 8);
+  out << text << bytes.substr(8 + n);
+}
+
+// transformers saves a tied model with lm_head.weight alone; it loads, and
+// as the same matrix the embedding name would have given.
+TEST(DeepseekConfigTest, TiedCheckpointStoringOnlyLmHeadLoads) {
+  for (const char* preset : {"tiny", "deepseek-tiny"}) {
+    SCOPED_TRACE(preset);
+    auto o = SyntheticPreset(preset);
+    ASSERT_TRUE(o.ok());
+    o->out_dir = ::testing::TempDir() + "/rl_tied_lm_head_" + preset;
+    o->tie_embeddings = true;
+    ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+    std::string embedding;  // copied out: the rename rewrites the mapped file
+    {
+      auto embed_named = LoadModel(o->out_dir);
+      ASSERT_TRUE(embed_named.ok()) << embed_named.status();
+      const Matrix& a = (*embed_named)->embed;
+      embedding.assign(static_cast<const char*>(a.data), a.rows * a.row_stride_bytes);
+    }
+    RenameTensor(o->out_dir + "/model.safetensors", "model.embed_tokens.weight", "lm_head.weight");
+    auto head_named = LoadModel(o->out_dir);
+    ASSERT_TRUE(head_named.ok()) << head_named.status();
+    const Matrix& b = (*head_named)->lm_head;
+    ASSERT_EQ(static_cast<size_t>(b.rows * b.row_stride_bytes), embedding.size());
+    EXPECT_EQ(std::memcmp(embedding.data(), b.data, embedding.size()), 0);
+    EXPECT_EQ((*head_named)->embed.data, b.data);
+  }
+}
+
+}  // namespace
+}  // namespace ringlane::worker
