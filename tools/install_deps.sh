@@ -18,6 +18,7 @@ PACKAGES=(
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
   debootstrap podman
   ccache clang openssl
+  python3-torch python3-numpy
 )
 
 # Node.js and npm for tests/openai_client; Debian's when none is installed (a
