@@ -139,6 +139,10 @@ struct DeepseekCase {
   std::string preset;
   worker::DType weights;
   worker::DType kv;
+  // DSA past the dense window: 0 keeps it far away; else the lanes cross it
+  // while they prefill and decode, with this indexer sharing.
+  int dense_window = 0;
+  std::string indexer_types;
 };
 
 class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
@@ -155,7 +159,13 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
     o->q_lora_rank = 0;
     o->yarn_factor = 4.0f;
   }
-  auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv});
+  o->index_topk = 6;
+  o->indexer_types = c.indexer_types;
+  auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv}, {.threads = 2},
+                                               [&](worker::ModelConfig& config) {
+                                                 if (c.dense_window > 0)
+                                                   config.indexer.dense_window = c.dense_window;
+                                               });
   ASSERT_TRUE(backend.ok()) << backend.status();
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) {
@@ -166,15 +176,18 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
   ExpectSameAsSolo(backend->get(), FiveLanes(prompts));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DeepseekInvariance,
-                         ::testing::Values(DeepseekCase{"deepseek_v3_f32", "deepseek-tiny",
-                                                        worker::DType::kF32, worker::DType::kF32},
-                                           DeepseekCase{"glm_moe_dsa_bf16", "glm5-tiny",
-                                                        worker::DType::kBF16, worker::DType::kBF16},
-                                           DeepseekCase{"deepseek_v3_fp8", "deepseek-tiny",
-                                                        worker::DType::kFP8E4M3,
-                                                        worker::DType::kFP8E4M3}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Models, DeepseekInvariance,
+    ::testing::Values(
+        DeepseekCase{"deepseek_v3_f32", "deepseek-tiny", worker::DType::kF32, worker::DType::kF32},
+        DeepseekCase{"glm_moe_dsa_bf16", "glm5-tiny", worker::DType::kBF16, worker::DType::kBF16},
+        DeepseekCase{"deepseek_v3_fp8", "deepseek-tiny", worker::DType::kFP8E4M3,
+                     worker::DType::kFP8E4M3},
+        DeepseekCase{"glm_moe_dsa_sparse_shared", "glm5-tiny", worker::DType::kBF16,
+                     worker::DType::kBF16, 12, "FSF"},
+        DeepseekCase{"glm_moe_dsa_sparse_fp8_kv", "glm5-tiny", worker::DType::kBF16,
+                     worker::DType::kFP8E4M3, 20}),
+    [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace ringlane

@@ -28,6 +28,9 @@ ABSL_FLAG(int, chunk, 16, "prefill chunk size in tokens");
 ABSL_FLAG(int, threads, 2, "engine threads");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or fp8");
 ABSL_FLAG(std::string, out, "", "output file of float32 logits (required)");
+ABSL_FLAG(int, dense_window, 2051,
+          "DSA models: positions with at most this many keys attend densely, the others to "
+          "the indexer's top-k");
 
 namespace rw = ringlane::worker;
 using ringlane::services::ExitWithUsageError;
@@ -57,6 +60,8 @@ int main(int argc, char** argv) {
   };
   auto model = rw::LoadModel(path);
   if (!model.ok()) return die(model.status());
+  if (absl::GetFlag(FLAGS_dense_window) < 1) ExitWithUsageError("--dense_window must be positive");
+  (*model)->config.indexer.dense_window = absl::GetFlag(FLAGS_dense_window);
   rw::CpuBackendOptions opt;
   opt.threads = absl::GetFlag(FLAGS_threads);
   auto backend =

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, family, "",
 ABSL_FLAG(int, q_lora_rank, -1,
           "DeepSeek family: query latent rank, 0 = q_proj without one; -1 = the preset's");
 ABSL_FLAG(int, experts, -1, "DeepSeek family: routed experts, 0 = all dense; -1 = the preset's");
+ABSL_FLAG(int, index_topk, -1, "DSA models: positions the indexer picks; -1 = the preset's");
+ABSL_FLAG(std::string, indexer_types, "",
+          "DSA models: F (full) or S (shared, GLM-5.2) per layer; empty = every layer full");
 ABSL_FLAG(double, yarn_factor, 0.0,
           "DeepSeek family: YaRN RoPE scaling factor (> 1), over max_position / factor");
 
@@ -107,6 +110,8 @@ int main(int argc, char** argv) {
     if (v >= 0) *field = v;
   }
   o.yarn_factor = static_cast<float>(absl::GetFlag(FLAGS_yarn_factor));
+  take_int(FLAGS_index_topk, "index_topk", &o.index_topk);
+  o.indexer_types = absl::GetFlag(FLAGS_indexer_types);
   if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0) {
     ExitWithUsageError(
         absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (", o.heads, ")"));

@@ -47,6 +47,8 @@ class KvCache {
                                             const KvPoolSpec& spec, int planes = 2);
 
   const KvPoolSpec& spec() const { return spec_; }
+  // Floats per head and token: a latent cache's whole row.
+  int head_dim() const { return head_dim_; }
   int64_t block_bytes() const { return block_bytes_; }
 
   // Stores one token's K (kv = 0) or V (kv = 1) — or its latent (kv = 0) — for all KV heads

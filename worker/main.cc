@@ -74,8 +74,8 @@ ABSL_FLAG(int, kv_blocks, 0,
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or fp8");
 ABSL_FLAG(int, dsa_dense_window, 2051,
-          "DSA models (deepseek_v32, glm_moe_dsa): positions attend densely up to this many "
-          "tokens; the sparse indexer beyond it is not run yet, so the context stops here");
+          "DSA models (deepseek_v32, glm_moe_dsa): a position with at most this many tokens of "
+          "context attends to all of them, beyond to the index_topk the indexer picks");
 ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (cuda is not built yet)");
 ABSL_FLAG(int, join_timeout_ms, 60000,
@@ -277,15 +277,7 @@ int main(int argc, char** argv) {
     RL_LOG(ERROR) << "cannot load the model: " << full.status().message();
     return 1;
   }
-  // The DSA indexer's top-k selection is not run yet. Dense attention is the
-  // model's own result while a position has no more keys than the dense
-  // window, so the context a DSA model is served with stops there.
-  if (rw::ModelConfig& c = (*full)->config; c.indexer.topk > 0 && c.max_position > dense_window) {
-    RL_LOG(INFO) << c.model_type << ": context capped at --dsa_dense_window=" << dense_window
-                 << " tokens of the model's " << c.max_position
-                 << " (dense attention; the sparse indexer beyond it is not run yet)";
-    c.max_position = dense_window;
-  }
+  (*full)->config.indexer.dense_window = dense_window;
   std::shared_ptr<const rw::ModelWeights> shard(std::move(*full));
   if (world > 1) {
     auto s = rw::ShardModel(shard, rank, world);

@@ -33,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = 3e-6
 
-# name: (synth-model flags, tokens, engine prefill chunk)
+# name: (synth-model flags, tokens, engine prefill chunk[, dense window])
 CASES = {
     # Two layers (dense, then MoE with groups and a shared expert), F32.
     "deepseek_v3_f32": (["--preset=deepseek-tiny", "--seed=3"], 300, 64),
@@ -47,6 +47,17 @@ CASES = {
     # DeepSeek-V3.2: the indexer's weights load; dense below the window.
     "deepseek_v32_bf16": (["--preset=glm5-tiny", "--family=deepseek_v32", "--dtype=bf16",
                            "--seed=11"], 160, 32),
+    # Past the dense window: each position beyond 64 attends to the 16 its
+    # indexer picks (DeepSeek-V3.2's half-layout indexer RoPE).
+    "deepseek_v32_sparse": (["--preset=glm5-tiny", "--family=deepseek_v32", "--dtype=bf16",
+                             "--seed=13"], 300, 40, 64),
+    # GLM-5 past the window with GLM-5.2's sharing: layer 1 reuses layer 0's
+    # choice (and has no indexer weights), layer 2 chooses again.
+    "glm_moe_dsa_sparse_shared": (["--preset=glm5-tiny", "--indexer_types=FSF", "--seed=17"],
+                                  300, 64, 64),
+    # Two thousand tokens, sparse beyond 1024 with the indexer picking 64.
+    "glm_moe_dsa_sparse_2k": (["--preset=glm5-tiny", "--index_topk=64", "--seed=19"], 2000,
+                              256, 1024),
 }
 
 
@@ -57,7 +68,8 @@ def run(cmd):
 
 
 def one_case(build, name, work):
-    flags, n_tokens, chunk = CASES[name]
+    flags, n_tokens, chunk = CASES[name][:3]
+    window = CASES[name][3] if len(CASES[name]) > 3 else 2051
     model = os.path.join(work, name)
     run([os.path.join(build, "tools/ringlane-synth-model"), f"--out={model}"] + flags)
     vocab = 512
@@ -65,9 +77,9 @@ def one_case(build, name, work):
     tokens = ",".join(str(t) for t in rng.integers(0, vocab, n_tokens))
     eng_path, ref_path = model + ".engine.f32", model + ".ref.f64"
     run([os.path.join(build, "tools/ringlane-logits"), f"--model={model}", f"--tokens={tokens}",
-         f"--chunk={chunk}", "--kv_dtype=f32", f"--out={eng_path}"])
+         f"--chunk={chunk}", "--kv_dtype=f32", f"--dense_window={window}", f"--out={eng_path}"])
     run([sys.executable, os.path.join(HERE, "deepseek_reference.py"), "--model", model,
-         "--tokens", tokens, "--out", ref_path])
+         "--tokens", tokens, "--out", ref_path, "--dense_window", str(window)])
     eng = np.fromfile(eng_path, dtype="<f4").astype(np.float64).reshape(n_tokens, -1)
     ref = np.fromfile(ref_path, dtype="<f8").reshape(n_tokens, -1)
     scale = np.abs(ref).max()

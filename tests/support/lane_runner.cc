@@ -178,9 +178,10 @@ std::string SourcePath(const std::string& relative) {
 
 absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
     const std::string& model_path, const worker::KvPoolSpec& kv,
-    const worker::CpuBackendOptions& options) {
+    const worker::CpuBackendOptions& options, const ConfigureModel& configure) {
   auto m = worker::LoadModel(model_path);
   if (!m.ok()) return m.status();
+  if (configure) configure((*m)->config);
   absl::StatusOr<std::unique_ptr<worker::Backend>> b =
       worker::CreateCpuBackend(std::shared_ptr<const worker::ModelWeights>(std::move(*m)), options);
   if (!b.ok()) return b.status();
@@ -190,9 +191,9 @@ absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
 
 absl::StatusOr<std::unique_ptr<worker::Backend>> MakeSyntheticBackend(
     const worker::SyntheticModelOptions& o, const worker::KvPoolSpec& kv,
-    const worker::CpuBackendOptions& options) {
+    const worker::CpuBackendOptions& options, const ConfigureModel& configure) {
   if (absl::Status st = worker::WriteSyntheticModel(o); !st.ok()) return st;
-  return MakeCpuBackend(o.out_dir, kv, options);
+  return MakeCpuBackend(o.out_dir, kv, options, configure);
 }
 
 const std::vector<GoldenCase>& GoldenCases() {

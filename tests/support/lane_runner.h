@@ -7,6 +7,7 @@
 #define RINGLANE_TESTS_SUPPORT_LANE_RUNNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,15 +77,21 @@ struct GoldenCase {
 // The golden cases, read once.
 const std::vector<GoldenCase>& GoldenCases();
 
+// What a serving side sets in a loaded model's config before running it
+// (the worker's --dsa_dense_window, say); null: nothing.
+using ConfigureModel = std::function<void(worker::ModelConfig&)>;
+
 // Loads the model at `model_path` into a CPU backend with a KV pool.
 absl::StatusOr<std::unique_ptr<worker::Backend>> MakeCpuBackend(
     const std::string& model_path, const worker::KvPoolSpec& kv,
-    const worker::CpuBackendOptions& options = {.threads = 2});
+    const worker::CpuBackendOptions& options = {.threads = 2},
+    const ConfigureModel& configure = nullptr);
 
 // Writes the synthetic model `o` (to o.out_dir) and loads it as above.
 absl::StatusOr<std::unique_ptr<worker::Backend>> MakeSyntheticBackend(
     const worker::SyntheticModelOptions& o, const worker::KvPoolSpec& kv,
-    const worker::CpuBackendOptions& options = {.threads = 2});
+    const worker::CpuBackendOptions& options = {.threads = 2},
+    const ConfigureModel& configure = nullptr);
 
 }  // namespace ringlane::testing
 

@@ -69,6 +69,38 @@ struct LatentHeads {
   int64_t pe_stride = 0;
 };
 
+// One part of a latent cache row: `dim` floats of round row t at p + t * ld,
+// or zeros when p is null.
+struct LatentPart {
+  const float* p = nullptr;
+  int64_t ld = 0;
+  int dim = 0;
+};
+
+// The DSA indexer's query side in one layer: row t's `heads` query heads of
+// head_dim floats at q + t * ldq + h * head_dim and their weights at
+// w + t * ldw + h. The keys are head_dim floats at key_offset of each cached
+// latent row (StoreLatent).
+struct IndexerQuery {
+  const float* q = nullptr;
+  int64_t ldq = 0;
+  const float* w = nullptr;
+  int64_t ldw = 0;
+  int heads = 0;
+  int head_dim = 0;
+  int key_offset = 0;
+  float weight_scale = 1.0f;  // multiplies every w
+};
+
+// Which positions each row attends to (IndexerSelect's output): row t with
+// count[t] > 0 attends to selected[t * topk .. + count[t]], in increasing
+// position; count[t] == 0: to its whole causal context.
+struct LatentSelection {
+  const int32_t* selected = nullptr;
+  const int32_t* count = nullptr;
+  int topk = 0;
+};
+
 class ComputeOps {
  public:
   virtual ~ComputeOps() = default;
@@ -122,15 +154,25 @@ class ComputeOps {
   virtual void MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
                                 int64_t ldy) = 0;
 
-  // Writes each row's latent (latent_dim floats at c + t * ldc) and RoPE key
-  // (rope_dim floats at pe + t * ldpe) into its slot of `layer` in a latent cache.
-  virtual void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
-                           int64_t ldpe, int rope_dim) = 0;
+  // Writes each row's cache row of `layer` in a latent cache: the parts side
+  // by side (the latent, its RoPE key, the indexer's key), into its slot.
+  virtual void StoreLatent(int layer, absl::Span<const LatentPart> parts) = 0;
   // Causal latent attention (LatentHeads) of every row over its sequence's
-  // context in the latent cache of `layer`, this round's rows included.
-  // q_lat and out: [rows][heads][latent_dim].
+  // context in the latent cache of `layer`, this round's rows included, or
+  // over the positions `selection` picks for it (null: all). q_lat and out:
+  // [rows][heads][latent_dim].
   virtual void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat,
-                            const float* q_pe, float* out) = 0;
+                            const float* q_pe, const LatentSelection* selection, float* out) = 0;
+  // The DSA indexer: each row with more than dense_window positions in its
+  // context (itself included) gets the topk positions j with the highest
+  // score sum_h weight_scale * w_h * relu(q_h . k_j), ties to the lower
+  // position, in increasing order in selected[t * topk ..], and count[t] =
+  // topk; other rows count[t] = 0. Keys are read from the cache of `layer`.
+  virtual void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
+                             int32_t* selected, int32_t* count) = 0;
+  // out[t] = (x[t] - mean) / sqrt(var + eps) * w + b over `dim` floats.
+  virtual void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b,
+                         int dim, float eps, float* out, int rows) = 0;
 
   // MoE routing of each row from its router logits ([rows][n_routed]) as
   // `moe` says (scores, correction bias for the choice, group-limited top-k,

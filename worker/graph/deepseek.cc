@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "worker/model/rope.h"
 
@@ -18,19 +19,26 @@ enum Slot : int {
   kQ,       // [T][heads * (nope + rope)]
   kLatent,  // [T][kv_lora_rank]
   kLatentNormed,
-  kRopeKey,    // [T][rope]
-  kQLatent,    // [T][heads * kv_lora_rank] queries absorbed into the latent space
-  kOLatent,    // [T][heads * kv_lora_rank] attention output in the latent space
-  kAtt,        // [T][heads * v_head_dim]
-  kGate,       // [rows][intermediate]
-  kUp,         // [rows][intermediate]
-  kRouter,     // [T][n_routed] router logits
-  kExpertIn,   // [rows of an expert][hidden]
-  kExpertOut,  // [rows of an expert][hidden]
-  kSlots,      // [T * experts_per_token][hidden] each choice's output
-  kShared,     // [T][hidden] the shared experts' output
-  kHead,       // RoundIndex::Head's five slots
+  kRopeKey,       // [T][rope]
+  kQLatent,       // [T][heads * kv_lora_rank] queries absorbed into the latent space
+  kOLatent,       // [T][heads * kv_lora_rank] attention output in the latent space
+  kAtt,           // [T][heads * v_head_dim]
+  kGate,          // [rows][intermediate]
+  kUp,            // [rows][intermediate]
+  kRouter,        // [T][n_routed] router logits
+  kExpertIn,      // [rows of an expert][hidden]
+  kExpertOut,     // [rows of an expert][hidden]
+  kSlots,         // [T * experts_per_token][hidden] each choice's output
+  kShared,        // [T][hidden] the shared experts' output
+  kIndexQ,        // [T][index heads * index_head_dim] the indexer's queries
+  kIndexKeyRaw,   // [T][index_head_dim] before its LayerNorm
+  kIndexKey,      // [T][index_head_dim]
+  kIndexWeights,  // [T][index heads]
+  kHead,          // RoundIndex::Head's five slots
 };
+
+// transformers' and DeepSeek's indexer LayerNorm epsilon.
+constexpr float kIndexerNormEps = 1e-6f;
 
 // transformers and DeepSeek's own model.py build q_a_layernorm and
 // kv_a_layernorm with their norm's default epsilon, not rms_norm_eps.
@@ -79,7 +87,10 @@ std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config
   latent.kv_heads = 1;
   latent.latent_dim = config.mla.kv_lora_rank;
   latent.rope_dim = config.mla.qk_rope_head_dim;
-  latent.head_dim = latent.latent_dim + latent.rope_dim;
+  // The indexer's key lives in the same row, so it is stored, evicted,
+  // offloaded and restored with its latent, never apart from it.
+  latent.index_dim = config.indexer.topk > 0 ? config.indexer.head_dim : 0;
+  latent.head_dim = latent.latent_dim + latent.rope_dim + latent.index_dim;
   return std::vector<LayerCacheSpec>(config.layers, latent);
 }
 
@@ -138,12 +149,24 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
   float* latent = ops->Scratch(kLatent, T * C);
   float* rope_key = ops->Scratch(kRopeKey, T * R);
 
-  // The down projections share their input: one op for all of them.
+  const IndexerConfig& ix = cfg_.indexer;
+  const bool indexer = ix.topk > 0, full = indexer && ix.FullLayer(layer);
+  const IndexerWeights& iw = model_->layers[layer].indexer;
+  const int I = ix.head_dim, IH = ix.heads;
+  float* index_key_raw = full ? ops->Scratch(kIndexKeyRaw, T * I) : nullptr;
+  float* index_weights = full ? ops->Scratch(kIndexWeights, T * IH) : nullptr;
+  float* qa_normed = nullptr;
+  // The projections of xb share their input: one op for all of them.
   if (QL > 0) {
     float* qa = ops->Scratch(kQa, T * QL);
-    float* qa_normed = ops->Scratch(kQaNormed, T * QL);
-    ops->MatMulShared({{&a.wq_a, qa, QL}, {&v.kv_a_latent, latent, C}, {&v.kv_a_rope, rope_key, R}},
-                      xb, D, rows);
+    qa_normed = ops->Scratch(kQaNormed, T * QL);
+    std::vector<MatMulTarget> down = {
+        {&a.wq_a, qa, QL}, {&v.kv_a_latent, latent, C}, {&v.kv_a_rope, rope_key, R}};
+    if (full) {
+      down.push_back({&iw.wk, index_key_raw, I});
+      down.push_back({&iw.weights_proj, index_weights, IH});
+    }
+    ops->MatMulShared(down, xb, D, rows);
     ops->RmsNorm(qa, a.q_a_norm, QL, kLatentNormEps, qa_normed, rows);
     ops->MatMul(a.wq_b, qa_normed, QL, rows, q, int64_t{H} * QK);
   } else {
@@ -156,7 +179,37 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
   ops->Rope(rope_key, R, 1, R, cfg_.rope_layout);
   for (int h = 0; h < H; ++h)
     ops->Rope(q + int64_t{h} * QK + N, int64_t{H} * QK, 1, R, cfg_.rope_layout);
-  ops->StoreLatent(layer, latent_normed, C, C, rope_key, R, R);
+  float* index_key = nullptr;
+  if (full) {
+    // The indexer: its queries from the query latent, one key per token from
+    // xb, both with RoPE on their first rope dims (the rope part leads).
+    const RopeLayout layout = ix.rope_interleave ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+    float* index_q = ops->Scratch(kIndexQ, T * IH * I);
+    index_key = ops->Scratch(kIndexKey, T * I);
+    ops->MatMul(iw.wq_b, qa_normed, QL, rows, index_q, int64_t{IH} * I);
+    ops->LayerNorm(index_key_raw, iw.k_norm, iw.k_norm_bias, I, kIndexerNormEps, index_key, rows);
+    ops->Rope(index_key, I, 1, R, layout);
+    for (int h = 0; h < IH; ++h) ops->Rope(index_q + int64_t{h} * I, int64_t{IH} * I, 1, R, layout);
+  }
+  const LatentPart parts[] = {{latent_normed, C, C}, {rope_key, R, R}, {index_key, I, I}};
+  ops->StoreLatent(layer, absl::MakeConstSpan(parts, indexer ? 3 : 2));
+  if (full) {
+    IndexerQuery iq;
+    iq.q = ops->Scratch(kIndexQ, 0);
+    iq.ldq = int64_t{IH} * I;
+    iq.w = index_weights;
+    iq.ldw = IH;
+    iq.heads = IH;
+    iq.head_dim = I;
+    iq.key_offset = C + R;
+    // The published score's constant factors: they scale every score of a
+    // row alike, so they never change the choice, only its rounding.
+    iq.weight_scale = static_cast<float>(1.0 / std::sqrt(double{IH}) / std::sqrt(double{I}));
+    selected_.resize(T * ix.topk);
+    selected_count_.resize(T);
+    ops->IndexerSelect(layer, iq, ix.dense_window, ix.topk, selected_.data(),
+                       selected_count_.data());
+  }
 
   // Absorb W_UK into each head's query: q_nope . (W_UK c) = (W_UK^T q_nope) . c.
   float* q_latent = ops->Scratch(kQLatent, T * H * C);
@@ -172,7 +225,9 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
   lh.scale = scale_;
   lh.pe_ld = int64_t{H} * QK;
   lh.pe_stride = QK;
-  ops->AttendLatent(layer, lh, q_latent, q + N, o_latent);
+  // A shared layer (GLM-5.2) attends where the last full layer chose.
+  const LatentSelection selection{selected_.data(), selected_count_.data(), ix.topk};
+  ops->AttendLatent(layer, lh, q_latent, q + N, indexer ? &selection : nullptr, o_latent);
 
   // Each head's values: W_UV applied to its attention output in the latent space.
   float* att = ops->Scratch(kAtt, T * H * V);

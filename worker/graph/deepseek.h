@@ -23,9 +23,13 @@
 // rank's columns of every expert, of the shared experts and of the dense MLP;
 // the latent is computed whole on every rank (replicated cache).
 //
-// Not yet: the DSA indexer's sparse selection (the graph attends densely, so
-// a deepseek_v32 / glm_moe_dsa model is exact up to its dense window, which the
-// worker enforces) and MTP. Made by graph/factory.h.
+// DSA (deepseek_v32, glm_moe_dsa): the lightning indexer's key is cached in
+// the latent row; a position past the dense window attends to the index_topk
+// positions its indexer scores highest (IndexerSelect), a GLM-5.2 shared layer
+// to those of the last full layer. The selection is a function of the row's
+// own query and the cached keys, so it is batch-invariant too.
+//
+// Not yet: MTP. Made by graph/factory.h.
 #ifndef RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
 #define RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
 
@@ -81,6 +85,9 @@ class DeepseekGraph final : public ModelGraph {
   std::vector<int32_t> experts_;
   std::vector<float> weights_;
   std::vector<std::vector<int64_t>> expert_tokens_, expert_slots_;
+  // Per round, the DSA selection of the last full layer: [rows][topk]
+  // positions and each row's count (0: dense).
+  std::vector<int32_t> selected_, selected_count_;
 };
 
 }  // namespace ringlane::worker

@@ -75,15 +75,24 @@ class CountingOps final : public ComputeOps {
     ++calls["MatMulTransposed"];
     real_.MatMulTransposed(w, x, ldx, rows, y, ldy);
   }
-  void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
-                   int64_t ldpe, int rope_dim) override {
+  void StoreLatent(int layer, absl::Span<const LatentPart> parts) override {
     ++calls["StoreLatent"];
-    real_.StoreLatent(layer, c, ldc, latent_dim, pe, ldpe, rope_dim);
+    real_.StoreLatent(layer, parts);
   }
   void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat, const float* q_pe,
-                    float* out) override {
+                    const LatentSelection* selection, float* out) override {
     ++calls["AttendLatent"];
-    real_.AttendLatent(layer, heads, q_lat, q_pe, out);
+    real_.AttendLatent(layer, heads, q_lat, q_pe, selection, out);
+  }
+  void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
+                     int32_t* selected, int32_t* count) override {
+    ++calls["IndexerSelect"];
+    real_.IndexerSelect(layer, query, dense_window, topk, selected, count);
+  }
+  void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b, int dim,
+                 float eps, float* out, int rows) override {
+    ++calls["LayerNorm"];
+    real_.LayerNorm(x, w, b, dim, eps, out, rows);
   }
   void MoeRoute(const float* logits, int rows, const MoeConfig& moe, absl::Span<const float> bias,
                 int32_t* experts, float* weights) override {

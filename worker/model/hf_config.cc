@@ -1,5 +1,6 @@
 #include "worker/model/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -169,6 +170,53 @@ absl::Status ParseQuantization(const Json& j, absl::string_view path, bool* fp8)
   return absl::OkStatus();
 }
 
+// GLM-5.2's per-layer indexer sharing, as transformers' GlmMoeDsaConfig reads
+// it: an indexer_types list ("full" / "shared"), else index_topk_pattern ("F"
+// / "S" per layer, a string or a list), else a layer is full where
+// max(layer - index_skip_topk_offset + 1, 0) % index_topk_freq == 0 (offset 2
+// when only the frequency is given). Layer 0 must be full.
+absl::Status ParseIndexerSharing(const Json& j, absl::string_view path, int layers,
+                                 std::vector<bool>* full) {
+  full->clear();
+  auto from_list = [&](const char* key, const Json& v) -> absl::Status {
+    const bool text = v.is_string();
+    if (!text && !v.is_array()) return Invalid(path, key, "must be a list or a string");
+    const size_t n = text ? v.get<std::string>().size() : v.size();
+    if (static_cast<int>(n) != layers) {
+      return Invalid(path, key, absl::StrCat("names ", n, " layers, the model has ", layers));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      std::string t = text ? std::string(1, v.get<std::string>()[i])
+                           : (v[i].is_string() ? v[i].get<std::string>() : std::string());
+      if (t == "full" || t == "F") {
+        full->push_back(true);
+      } else if (t == "shared" || t == "S") {
+        full->push_back(false);
+      } else {
+        return Invalid(path, key, "entries must be full/shared (or F/S)");
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (Present(j, "indexer_types")) {
+    if (absl::Status s = from_list("indexer_types", j["indexer_types"]); !s.ok()) return s;
+  } else if (Present(j, "index_topk_pattern")) {
+    if (absl::Status s = from_list("index_topk_pattern", j["index_topk_pattern"]); !s.ok()) {
+      return s;
+    }
+  } else if (Present(j, "index_topk_freq")) {
+    int freq = 1, offset = 2;
+    if (absl::Status s = GetInt(j, "index_topk_freq", path, &freq); !s.ok()) return s;
+    if (absl::Status s = GetInt(j, "index_skip_topk_offset", path, &offset); !s.ok()) return s;
+    if (freq < 1) return Invalid(path, "index_topk_freq", "must be positive");
+    for (int l = 0; l < layers; ++l) full->push_back(std::max(l - offset + 1, 0) % freq == 0);
+  }
+  if (!full->empty() && !(*full)[0]) {
+    return Invalid(path, "indexer_types", "layer 0 must compute its own selection (full)");
+  }
+  return absl::OkStatus();
+}
+
 // MLA, MoE and indexer fields of deepseek_v3, deepseek_v32 and glm_moe_dsa,
 // with transformers' defaults where a key may be absent.
 absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelConfig* c) {
@@ -267,6 +315,9 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
       if (*field <= 0) return Invalid(path, key, absl::StrCat("must be positive, got ", *field));
     }
     if (absl::Status s = GetBool(j, "indexer_rope_interleave", path, &x.rope_interleave); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ParseIndexerSharing(j, path, c->layers, &x.full_layer); !s.ok()) {
       return s;
     }
     if (x.head_dim < m.qk_rope_head_dim) {

@@ -467,7 +467,7 @@ absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWe
   mats.push_back({a + "kv_b_proj.weight", H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
                   &L->mla.wkv_b});
   mats.push_back({a + "o_proj.weight", D, H * m.v_head_dim, &L->mla.wo});
-  if (c.indexer.topk > 0) {
+  if (c.indexer.topk > 0 && c.indexer.FullLayer(i)) {
     const IndexerConfig& x = c.indexer;
     if (m.q_lora_rank <= 0) {
       return absl::InvalidArgumentError("the DSA indexer reads the query latent: q_lora_rank is 0");

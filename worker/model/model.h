@@ -71,6 +71,16 @@ struct IndexerConfig {
   int heads = 0;
   int head_dim = 0;
   bool rope_interleave = false;
+  // Per layer (GLM-5.2's indexer sharing): true where the layer computes its
+  // own selection, false where it reuses the last full layer's and has no
+  // indexer weights. Empty: every layer is full.
+  std::vector<bool> full_layer;
+  // A position with at most this many keys (itself included) attends to all
+  // of them; beyond, to the topk the indexer picks. Not a checkpoint key: the
+  // serving side's choice (the worker's --dsa_dense_window).
+  int dense_window = 2051;
+
+  bool FullLayer(int layer) const { return full_layer.empty() || full_layer[layer]; }
 };
 
 struct ModelConfig {
@@ -171,8 +181,7 @@ struct MlaWeights {
   Matrix wo;                     // [hidden, heads * v]
 };
 
-// The DSA indexer's weights (loaded, and checked, with the layer; the CPU
-// graph does not run it yet, see IndexerConfig).
+// The DSA indexer's weights (a full layer's; IndexerConfig).
 struct IndexerWeights {
   Matrix wq_b;                     // [heads * head_dim, q_lora_rank]
   Matrix wk;                       // [head_dim, hidden]
@@ -223,9 +232,11 @@ struct LayerCacheSpec {
   // kLatentKv: one "head" of latent_dim + rope_dim values per token.
   int kv_heads = 0;
   int head_dim = 0;
-  // kLatentKv: the compressed latent and the RoPE key kept beside it.
+  // kLatentKv: the compressed latent and the RoPE key kept beside it, and
+  // the DSA indexer's key (0 without one), all in one row per token.
   int latent_dim = 0;
   int rope_dim = 0;
+  int index_dim = 0;
 };
 
 // Keeps a file mapped for as long as any ModelWeights points into it.

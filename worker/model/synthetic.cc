@@ -192,6 +192,11 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     j["index_n_heads"] = c.indexer.heads;
     j["index_head_dim"] = c.indexer.head_dim;
     j["indexer_rope_interleave"] = c.indexer.rope_interleave;
+    if (!c.indexer.full_layer.empty()) {
+      nlohmann::ordered_json types = nlohmann::ordered_json::array();
+      for (bool f : c.indexer.full_layer) types.push_back(f ? "full" : "shared");
+      j["indexer_types"] = types;
+    }
   }
 }
 
@@ -233,7 +238,7 @@ void AddDeepseekLayer(const ModelConfig& c, int l, DType dtype, AddMatrix& add_m
   add_matrix(a + "kv_b_proj.weight", Kind::kLinear, heads * (m.qk_nope_head_dim + m.v_head_dim),
              m.kv_lora_rank, dtype);
   add_matrix(a + "o_proj.weight", Kind::kLinear, H, heads * m.v_head_dim, dtype);
-  if (c.indexer.topk > 0) {
+  if (c.indexer.topk > 0 && c.indexer.FullLayer(l)) {
     const IndexerConfig& x = c.indexer;
     add_matrix(a + "indexer.wq_b.weight", Kind::kLinear, int64_t{x.heads} * x.head_dim,
                m.q_lora_rank, dtype);
@@ -339,6 +344,13 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
     }
     if (o.family != "deepseek_v3") {
       c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim, o.family == "glm_moe_dsa"};
+      for (char t : o.indexer_types) c.indexer.full_layer.push_back(t == 'F');
+      if (!o.indexer_types.empty() &&
+          (static_cast<int>(o.indexer_types.size()) != o.layers || o.indexer_types[0] != 'F' ||
+           o.indexer_types.find_first_not_of("FS") != std::string::npos)) {
+        return absl::InvalidArgumentError(
+            "synthetic model: indexer_types needs one F or S per layer, starting with F");
+      }
       if (o.q_lora_rank <= 0) {
         return absl::InvalidArgumentError("synthetic model: the DSA indexer needs q_lora_rank > 0");
       }

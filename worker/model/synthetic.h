@@ -63,6 +63,10 @@ struct SyntheticModelOptions {
   int index_topk = 16;
   int index_n_heads = 4;
   int index_head_dim = 16;
+  // GLM-5.2's indexer sharing: one F (full) or S (shared) per layer, written
+  // as config.json's indexer_types; shared layers get no indexer tensors.
+  // Empty: every layer full, and no key written.
+  std::string indexer_types;
   // > 1: YaRN RoPE scaling with original_max_position_embeddings =
   // max_position / yarn_factor and mscale = mscale_all_dim = 1.
   float yarn_factor = 0.0f;

@@ -31,7 +31,7 @@ absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches)
       case CacheKind::kPagedKv:
         return PoolShape{c.kv_heads, c.head_dim, 2};
       case CacheKind::kLatentKv:
-        return PoolShape{1, c.latent_dim + c.rope_dim, 1};
+        return PoolShape{1, c.latent_dim + c.rope_dim + c.index_dim, 1};
       default:
         return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
                                                      " has no CPU pool; only paged and latent "

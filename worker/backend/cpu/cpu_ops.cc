@@ -24,6 +24,8 @@ void CpuOps::BeginRound(const RoundRows& rows) {
   vbuf_.resize(threads);
   scores_.resize(threads);
   qbuf_.resize(threads);
+  sel_kt_.resize(threads);
+  sel_v_.resize(threads);
 }
 
 void CpuOps::PrepareRope(absl::Span<const float> inv_freq) {
@@ -207,22 +209,30 @@ void CpuOps::MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int 
   });
 }
 
-void CpuOps::StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
-                         int64_t ldpe, int rope_dim) {
+void CpuOps::StoreLatent(int layer, absl::Span<const LatentPart> parts) {
   const int bs = kv_->spec().block_size;
-  latent_row_.resize(latent_dim + rope_dim);
+  latent_row_.resize(kv_->head_dim());
   for (int64_t t = 0; t < rows_.rows; ++t) {
     const SeqStep& seq = rows_.round->seqs[rows_.row_seq[t]];
     const int64_t p = rows_.positions[t];
-    std::copy_n(c + t * ldc, latent_dim, latent_row_.data());
-    std::copy_n(pe + t * ldpe, rope_dim, latent_row_.data() + latent_dim);
+    float* dst = latent_row_.data();
+    for (const LatentPart& part : parts) {
+      if (part.p == nullptr) {
+        std::fill_n(dst, part.dim, 0.0f);
+      } else {
+        std::copy_n(part.p + t * part.ld, part.dim, dst);
+      }
+      dst += part.dim;
+    }
     kv_->Store(seq.block_ids[p / bs], static_cast<int>(p % bs), layer, 0, latent_row_.data());
   }
 }
 
 void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, const float* q_pe,
-                          float* out) {
-  const int C = lh.latent_dim, R = lh.rope_dim, W = C + R;
+                          const LatentSelection* selection, float* out) {
+  // Cached rows hold the latent, the rope key and maybe the indexer's key;
+  // attention reads the first two (W), the values are the latents (C).
+  const int C = lh.latent_dim, R = lh.rope_dim, W = C + R, row_width = kv_->head_dim();
   const int64_t nseq = static_cast<int64_t>(rows_.round->seqs.size());
   // Heads in as many chunks as there are threads: a lone decoding sequence
   // still uses every thread; each chunk reads the sequence's latents once.
@@ -238,18 +248,22 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& sc = scores_[thread];
     std::vector<float>& qb = qbuf_[thread];
-    if (kb.size() < static_cast<size_t>(n_ctx * W)) {
-      kb.resize(n_ctx * W);
-      kt.resize(n_ctx * W);
-    }
+    if (kb.size() < static_cast<size_t>(n_ctx * row_width)) kb.resize(n_ctx * row_width);
+    if (kt.size() < static_cast<size_t>(n_ctx * W)) kt.resize(n_ctx * W);
     if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
     if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
     // Read back in the stored dtype, this round's rows too, as decode will.
-    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), W);
+    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), row_width);
     for (int64_t j = 0; j < n_ctx; ++j)
-      for (int d = 0; d < W; ++d) kt[d * n_ctx + j] = kb[j * W + d];
+      for (int d = 0; d < W; ++d) kt[d * n_ctx + j] = kb[j * row_width + d];
     const int64_t row0 = rows_.seq_row0[s];
     const int64_t ld_lat = int64_t{lh.heads} * C;
+    std::vector<float>& skt = sel_kt_[thread];
+    std::vector<float>& sv = sel_v_[thread];
+    if (selection != nullptr) {
+      skt.resize(static_cast<size_t>(W) * selection->topk);
+      sv.resize(static_cast<size_t>(selection->topk) * C);
+    }
     for (int h = h0; h < h1; ++h) {
       for (int r = 0; r < rows; ++r) {
         const int64_t t = row0 + r;
@@ -257,23 +271,121 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         std::copy_n(q_pe + t * lh.pe_ld + h * lh.pe_stride, R, qb.data() + int64_t{r} * W + C);
       }
       AttendArgs a;
-      a.q = qb.data();
       a.ldq = W;
-      a.rows = rows;
-      a.positions = rows_.positions + row0;
-      a.kt = kt.data();
-      a.ldkt = n_ctx;
-      a.v = kb.data();  // the latent part of each cached row is the value
-      a.ldv = W;
       a.head_dim = W;
       a.v_dim = C;
       a.scale = lh.scale;
       a.scores = sc.data();
-      a.out = out + row0 * ld_lat + int64_t{h} * C;
       a.ldo = ld_lat;
-      AttendHead(a, isa_);
+      // A row computes the same whatever rows run beside it, so the dense
+      // rows of a sequence go together and each sparse row alone.
+      int r = 0;
+      while (r < rows) {
+        const int64_t t = row0 + r;
+        const int n_sel = selection == nullptr ? 0 : selection->count[t];
+        a.q = qb.data() + int64_t{r} * W;
+        a.out = out + t * ld_lat + int64_t{h} * C;
+        if (n_sel == 0) {
+          int run = 1;
+          while (r + run < rows && (selection == nullptr || selection->count[t + run] == 0)) {
+            ++run;
+          }
+          a.rows = run;
+          a.positions = rows_.positions + t;
+          a.kt = kt.data();
+          a.ldkt = n_ctx;
+          a.v = kb.data();
+          a.ldv = row_width;
+          AttendHead(a, isa_);
+          r += run;
+          continue;
+        }
+        // The selected positions, in increasing order, as a context of their own.
+        const int32_t* sel = selection->selected + t * selection->topk;
+        for (int i = 0; i < n_sel; ++i) {
+          const float* src = kb.data() + int64_t{sel[i]} * row_width;
+          for (int d = 0; d < W; ++d) skt[int64_t{d} * n_sel + i] = src[d];
+          std::copy_n(src, C, sv.data() + int64_t{i} * C);
+        }
+        const int64_t last = n_sel - 1;
+        a.rows = 1;
+        a.positions = &last;
+        a.kt = skt.data();
+        a.ldkt = n_sel;
+        a.v = sv.data();
+        a.ldv = C;
+        AttendHead(a, isa_);
+        ++r;
+      }
     }
   });
+}
+
+void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, int topk,
+                           int32_t* selected, int32_t* count) {
+  const int row_width = kv_->head_dim(), I = iq.head_dim;
+  const int64_t nseq = static_cast<int64_t>(rows_.round->seqs.size());
+  pool_->ParallelFor(nseq, [&](int64_t s, int thread) {
+    const SeqStep& seq = rows_.round->seqs[s];
+    const int rows = static_cast<int>(seq.tokens.size());
+    const int64_t n_ctx = seq.start_position + rows;
+    const int64_t row0 = rows_.seq_row0[s];
+    bool any = false;
+    for (int r = 0; r < rows; ++r) {
+      count[row0 + r] = 0;
+      any = any || rows_.positions[row0 + r] + 1 > dense_window;
+    }
+    if (!any) return;
+    std::vector<float>& kb = kbuf_[thread];
+    std::vector<float>& sc = scores_[thread];
+    if (kb.size() < static_cast<size_t>(n_ctx * row_width)) kb.resize(n_ctx * row_width);
+    if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
+    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), row_width);
+    std::vector<int32_t> order;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t t = row0 + r;
+      const int64_t n = rows_.positions[t] + 1;
+      if (n <= dense_window) continue;
+      // Scores from this row's query and the cached keys alone, each sum in
+      // a fixed order: the choice never depends on the row's round-mates.
+      for (int64_t j = 0; j < n; ++j) {
+        const float* k = kb.data() + j * row_width + iq.key_offset;
+        float score = 0.0f;
+        for (int h = 0; h < iq.heads; ++h) {
+          const float* q = iq.q + t * iq.ldq + int64_t{h} * I;
+          float dot = 0.0f;
+          for (int d = 0; d < I; ++d) dot = std::fma(q[d], k[d], dot);
+          score = score + iq.weight_scale * iq.w[t * iq.ldw + h] * std::max(dot, 0.0f);
+        }
+        sc[j] = score;
+      }
+      const int k = static_cast<int>(std::min<int64_t>(topk, n));
+      order.resize(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+        return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
+      });
+      std::sort(order.begin(), order.begin() + k);
+      std::copy_n(order.begin(), k, selected + t * topk);
+      count[t] = k;
+    }
+  });
+}
+
+void CpuOps::LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b,
+                       int dim, float eps, float* out, int rows) {
+  for (int t = 0; t < rows; ++t) {
+    const float* xr = x + int64_t{t} * dim;
+    float* o = out + int64_t{t} * dim;
+    float mean = 0.0f;
+    for (int j = 0; j < dim; ++j) mean += xr[j];
+    mean /= static_cast<float>(dim);
+    float var = 0.0f;
+    for (int j = 0; j < dim; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    var /= static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (int j = 0; j < dim; ++j) o[j] = (xr[j] - mean) * inv * w[j] + b[j];
+  }
 }
 
 void CpuOps::MoeRoute(const float* logits, int rows, const MoeConfig& moe,

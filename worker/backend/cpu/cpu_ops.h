@@ -49,10 +49,13 @@ class CpuOps final : public ComputeOps {
                    int64_t ld) override;
   void MatMulTransposed(const Matrix& w, const float* x, int64_t ldx, int rows, float* y,
                         int64_t ldy) override;
-  void StoreLatent(int layer, const float* c, int64_t ldc, int latent_dim, const float* pe,
-                   int64_t ldpe, int rope_dim) override;
+  void StoreLatent(int layer, absl::Span<const LatentPart> parts) override;
   void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat, const float* q_pe,
-                    float* out) override;
+                    const LatentSelection* selection, float* out) override;
+  void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
+                     int32_t* selected, int32_t* count) override;
+  void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b, int dim,
+                 float eps, float* out, int rows) override;
   void MoeRoute(const float* logits, int rows, const MoeConfig& moe,
                 absl::Span<const float> correction_bias, int32_t* experts, float* weights) override;
   void ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
@@ -78,8 +81,9 @@ class CpuOps final : public ComputeOps {
   // Per pool thread: K, K transposed and V of one sequence's context, and the
   // attention scores of one row.
   std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
-  // Per pool thread: the queries of one latent head, [rows][latent + rope].
-  std::vector<std::vector<float>> qbuf_;
+  // Per pool thread: the queries of one latent head, [rows][latent + rope],
+  // and a sparse row's selected keys (transposed) and values.
+  std::vector<std::vector<float>> qbuf_, sel_kt_, sel_v_;
   // MatMulTransposed's weights converted to float, [w.rows][w.cols].
   AlignedFloats wt_;
   std::vector<float> latent_row_;  // StoreLatent's row: latent, then rope key
