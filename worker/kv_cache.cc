@@ -1,5 +1,6 @@
 #include "worker/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -28,19 +29,42 @@ absl::Status ValidateShape(int layers, int kv_heads, int head_dim, const KvPoolS
   return absl::OkStatus();
 }
 
+absl::Status ValidateSplit(int kv_heads, int head_dim, int planes, const LatentSplit& split) {
+  if (split.latent == 0 && split.rope == 0 && split.index == 0) return absl::OkStatus();
+  if (planes != 1 || kv_heads != 1 || split.latent <= 0 || split.rope < 0 || split.index < 0 ||
+      split.latent + split.rope + split.index != head_dim) {
+    return absl::InvalidArgumentError(
+        "KV cache: a latent split needs one plane of one head whose "
+        "width is latent + rope + index");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+int64_t KvCache::LatentRowBytes(const LatentSplit& split, DType dtype) {
+  if (dtype != DType::kFP8E4M3) {
+    return int64_t{split.latent + split.rope + split.index} *
+           static_cast<int64_t>(DTypeSize(dtype));
+  }
+  const int64_t groups = (split.latent + kLatentGroup - 1) / kLatentGroup;
+  return split.latent + groups * 4 + int64_t{split.rope} * 2 +
+         (split.index > 0 ? split.index + 4 : 0);
+}
+
 absl::StatusOr<int64_t> KvCache::BlockBytes(int layers, int kv_heads, int head_dim,
-                                            const KvPoolSpec& spec, int planes) {
+                                            const KvPoolSpec& spec, int planes, LatentSplit split) {
   if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec, planes); !st.ok()) {
     return st;
   }
+  if (absl::Status st = ValidateSplit(kv_heads, head_dim, planes, split); !st.ok()) return st;
   // The same arithmetic as the constructor, which owns the layout.
-  return KvCache(layers, kv_heads, head_dim, spec, planes).block_bytes_;
+  return KvCache(layers, kv_heads, head_dim, spec, planes, split).block_bytes_;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_heads, int head_dim,
-                                                         const KvPoolSpec& spec, int planes) {
+                                                         const KvPoolSpec& spec, int planes,
+                                                         LatentSplit split) {
   // The pool's size is checked between the shape and the dtype, so that each
   // bad spec keeps the message it always had.
   if (spec.num_blocks <= 0 && layers > 0 && kv_heads > 0 && head_dim > 0) {
@@ -51,7 +75,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   if (absl::Status st = ValidateShape(layers, kv_heads, head_dim, spec, planes); !st.ok()) {
     return st;
   }
-  std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec, planes));
+  if (absl::Status st = ValidateSplit(kv_heads, head_dim, planes, split); !st.ok()) return st;
+  std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec, planes, split));
   try {
     kv->data_.assign(static_cast<size_t>(kv->block_bytes_) * spec.num_blocks, 0);
   } catch (const std::bad_alloc&) {
@@ -61,19 +86,90 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   return kv;
 }
 
-KvCache::KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes)
+KvCache::KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes,
+                 LatentSplit split)
     : layers_(layers),
       planes_(planes),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       spec_(spec),
+      split_(split),
       esize_(static_cast<int64_t>(DTypeSize(spec.dtype))) {
+  for (int i = 0; i < 256; ++i) fp8_lut_[i] = Fp8E4M3ToFloat(static_cast<uint8_t>(i));
+  if (packed()) {
+    // One packed record per (layer, slot); its scales are inside it.
+    row_bytes_ = LatentRowBytes(split, spec.dtype);
+    elems_bytes_ = block_bytes_ = int64_t{layers} * spec.block_size * row_bytes_;
+    return;
+  }
   elems_bytes_ = int64_t{layers} * planes * spec.block_size * kv_heads * head_dim * esize_;
   block_bytes_ = elems_bytes_;
   if (spec.dtype == DType::kFP8E4M3) {
     block_bytes_ += int64_t{layers} * planes * spec.block_size * kv_heads * int64_t{sizeof(float)};
   }
-  for (int i = 0; i < 256; ++i) fp8_lut_[i] = Fp8E4M3ToFloat(static_cast<uint8_t>(i));
+}
+
+namespace {
+
+// E4M3 values of `n` floats with one scale from their own largest magnitude,
+// so a token's bytes never depend on another token's.
+float QuantizeFp8(const float* src, int n, uint8_t* dst) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+  const float scale = amax > 0.0f && std::isfinite(amax) ? amax / kFp8E4M3Max : 1.0f;
+  for (int i = 0; i < n; ++i) dst[i] = FloatToFp8E4M3(src[i] / scale);
+  return scale;
+}
+
+}  // namespace
+
+void KvCache::StorePacked(uint8_t* dst, const float* src) const {
+  const int C = split_.latent, R = split_.rope, I = split_.index;
+  const int groups = (C + kLatentGroup - 1) / kLatentGroup;
+  uint8_t* scales = dst + C;
+  for (int g = 0; g < groups; ++g) {
+    const int c0 = g * kLatentGroup, n = std::min(kLatentGroup, C - c0);
+    const float scale = QuantizeFp8(src + c0, n, dst + c0);
+    std::memcpy(scales + 4 * g, &scale, 4);
+  }
+  uint8_t* rope = scales + 4 * groups;
+  for (int i = 0; i < R; ++i) {
+    const uint16_t v = FloatToBf16(src[C + i]);
+    std::memcpy(rope + 2 * i, &v, 2);
+  }
+  if (I > 0) {
+    uint8_t* index = rope + 2 * R;
+    const float scale = QuantizeFp8(src + C + R, I, index);
+    std::memcpy(index + I, &scale, 4);
+  }
+}
+
+void KvCache::GatherPacked(const uint8_t* src, int col0, int cols, float* dst) const {
+  const int C = split_.latent, R = split_.rope, I = split_.index;
+  const int groups = (C + kLatentGroup - 1) / kLatentGroup;
+  const uint8_t* scales = src + C;
+  // Whole parts only (see GatherColumns): the latent and rope key, then the
+  // index key; dst starts at col0.
+  const bool latent_part = col0 == 0, index_part = I > 0 && col0 + cols == C + R + I;
+  dst -= col0;
+  for (int g = 0; g < groups && latent_part; ++g) {
+    float scale;
+    std::memcpy(&scale, scales + 4 * g, 4);
+    const int c0 = g * kLatentGroup, n = std::min(kLatentGroup, C - c0);
+    for (int i = 0; i < n; ++i) dst[c0 + i] = fp8_lut_[src[c0 + i]] * scale;
+  }
+  const uint8_t* rope = scales + 4 * groups;
+  for (int i = 0; i < R && latent_part; ++i) {
+    uint16_t v;
+    std::memcpy(&v, rope + 2 * i, 2);
+    dst[C + i] = Bf16ToFloat(v);
+  }
+  if (index_part) {
+    const uint8_t* index = rope + 2 * R;
+    float scale;
+    std::memcpy(&scale, index + I, 4);
+    for (int i = 0; i < I; ++i) dst[C + R + i] = fp8_lut_[index[i]] * scale;
+  }
 }
 
 int64_t KvCache::ElemOffset(int layer, int kv, int slot, int head) const {
@@ -88,6 +184,10 @@ int64_t KvCache::ScaleOffset(int layer, int kv, int slot, int head) const {
 
 void KvCache::Store(int32_t block, int slot, int layer, int kv, const float* src) {
   uint8_t* base = BlockData(block);
+  if (packed()) {
+    StorePacked(base + (int64_t{layer} * spec_.block_size + slot) * row_bytes_, src);
+    return;
+  }
   for (int h = 0; h < kv_heads_; ++h) {
     const float* s = src + h * head_dim_;
     uint8_t* dst = base + ElemOffset(layer, kv, slot, h);
@@ -124,6 +224,10 @@ void KvCache::Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, 
   for (int64_t pos = 0; pos < n; ++pos) {
     const uint8_t* base = BlockData(block_ids[pos / bs]);
     const int slot = static_cast<int>(pos % bs);
+    if (packed()) {
+      GatherPacked(base + (int64_t{layer} * bs + slot) * row_bytes_, 0, head_dim_, dst + pos * ld);
+      continue;
+    }
     const uint8_t* src = base + ElemOffset(layer, kv, slot, head);
     float* d = dst + pos * ld;
     switch (spec_.dtype) {
@@ -147,6 +251,54 @@ void KvCache::Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, 
         break;
       }
     }
+  }
+}
+
+void KvCache::ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int col0,
+                         int cols, float* dst) const {
+  const int bs = spec_.block_size;
+  const uint8_t* base = BlockData(block_ids[pos / bs]);
+  const int slot = static_cast<int>(pos % bs);
+  if (packed()) {
+    GatherPacked(base + (int64_t{layer} * bs + slot) * row_bytes_, col0, cols, dst);
+    return;
+  }
+  const uint8_t* src = base + ElemOffset(layer, 0, slot, 0) + int64_t{col0} * esize_;
+  switch (spec_.dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, cols * sizeof(float));
+      break;
+    case DType::kBF16: {
+      auto* s = reinterpret_cast<const uint16_t*>(src);
+      for (int i = 0; i < cols; ++i) dst[i] = Bf16ToFloat(s[i]);
+      break;
+    }
+    case DType::kF16: {
+      auto* s = reinterpret_cast<const uint16_t*>(src);
+      for (int i = 0; i < cols; ++i) dst[i] = F16ToFloat(s[i]);
+      break;
+    }
+    case DType::kFP8E4M3: {
+      // The unpacked FP8 layout (no split): one scale per row.
+      float scale;
+      std::memcpy(&scale, base + ScaleOffset(layer, 0, slot, 0), sizeof(float));
+      for (int i = 0; i < cols; ++i) dst[i] = fp8_lut_[src[i]] * scale;
+      break;
+    }
+  }
+}
+
+void KvCache::GatherColumns(absl::Span<const int32_t> block_ids, int64_t n, int layer, int col0,
+                            int cols, float* dst, int64_t ld) const {
+  for (int64_t pos = 0; pos < n; ++pos)
+    ReadLatent(block_ids, pos, layer, col0, cols, dst + pos * ld);
+}
+
+void KvCache::GatherPositions(absl::Span<const int32_t> block_ids,
+                              absl::Span<const int32_t> positions, int layer, int col0, int cols,
+                              float* dst, int64_t ld) const {
+  for (size_t i = 0; i < positions.size(); ++i) {
+    ReadLatent(block_ids, positions[i], layer, col0, cols, dst + static_cast<int64_t>(i) * ld);
   }
 }
 

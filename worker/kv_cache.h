@@ -26,6 +26,19 @@
 
 namespace ringlane::worker {
 
+// How a latent cache row splits (MLA): the compressed latent, the RoPE key,
+// and the DSA indexer's key (0 without one). With an FP8 pool such a row is
+// stored as DeepSeek's fp8_ds_mla layout does: the latent in E4M3 with one
+// float scale per 128 values, the RoPE key in BF16 (it is small and rotates
+// precision-sensitive angles), then the indexer's key in E4M3 with one scale:
+// 512 + 4 * 4 + 64 * 2 = 656 bytes for DeepSeek-V3's shape, plus 128 + 4 for
+// a V3.2 indexer key.
+struct LatentSplit {
+  int latent = 0;
+  int rope = 0;
+  int index = 0;
+};
+
 struct KvPoolSpec {
   int num_blocks = 0;
   int block_size = 16;  // tokens per block
@@ -36,15 +49,22 @@ class KvCache {
  public:
   // Errors: InvalidArgument for a non-positive size or an unsupported dtype
   // (F16 is not offered), ResourceExhausted when the pool cannot be allocated.
-  // `planes`: 2 for K and V, 1 for a latent cache.
+  // `planes`: 2 for K and V, 1 for a latent cache; `split` (latent caches
+  // only, its parts summing to head_dim) selects the packed FP8 layout above.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(int layers, int kv_heads, int head_dim,
-                                                         const KvPoolSpec& spec, int planes = 2);
+                                                         const KvPoolSpec& spec, int planes = 2,
+                                                         LatentSplit split = {});
 
   // Bytes of one block of a pool of this shape (spec.num_blocks is not looked
   // at), without allocating anything: what Create would give block_bytes().
   // InvalidArgument as Create.
   static absl::StatusOr<int64_t> BlockBytes(int layers, int kv_heads, int head_dim,
-                                            const KvPoolSpec& spec, int planes = 2);
+                                            const KvPoolSpec& spec, int planes = 2,
+                                            LatentSplit split = {});
+
+  // Bytes one token's row of one layer takes in a latent pool of this split
+  // and dtype (the packed layout for FP8).
+  static int64_t LatentRowBytes(const LatentSplit& split, DType dtype);
 
   const KvPoolSpec& spec() const { return spec_; }
   // Floats per head and token: a latent cache's whole row.
@@ -60,11 +80,29 @@ class KvCache {
   void Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
               float* dst, int64_t ld) const;
 
+  // Latent caches: columns [col0, col0 + cols) of the rows of positions
+  // [0, n) (GatherColumns) or of the listed positions, in order
+  // (GatherPositions), to dst rows of `ld` floats. With the packed FP8 layout
+  // the range must be whole parts: the latent and rope key together, the
+  // index key, or the row. Lets attention skip the indexer's keys and the
+  // indexer everything else, and a sparse row read only its chosen positions.
+  void GatherColumns(absl::Span<const int32_t> block_ids, int64_t n, int layer, int col0, int cols,
+                     float* dst, int64_t ld) const;
+  void GatherPositions(absl::Span<const int32_t> block_ids, absl::Span<const int32_t> positions,
+                       int layer, int col0, int cols, float* dst, int64_t ld) const;
+
   uint8_t* BlockData(int32_t block) { return data_.data() + block * block_bytes_; }
   const uint8_t* BlockData(int32_t block) const { return data_.data() + block * block_bytes_; }
 
  private:
-  KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes);
+  KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes,
+          LatentSplit split);
+  bool packed() const { return split_.latent > 0 && spec_.dtype == DType::kFP8E4M3; }
+  void StorePacked(uint8_t* dst, const float* src) const;
+  void GatherPacked(const uint8_t* src, int col0, int cols, float* dst) const;
+  // One position's columns of a latent cache row.
+  void ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int col0, int cols,
+                  float* dst) const;
 
   int64_t ElemOffset(int layer, int kv, int slot, int head) const;
   int64_t ScaleOffset(int layer, int kv, int slot, int head) const;
@@ -74,7 +112,11 @@ class KvCache {
   const int kv_heads_;
   const int head_dim_;
   const KvPoolSpec spec_;
+  const LatentSplit split_;
   const int64_t esize_;
+  // The packed FP8 latent layout's group of latent values per scale.
+  static constexpr int kLatentGroup = 128;
+  int64_t row_bytes_ = 0;    // packed: one token's row of one layer
   int64_t elems_bytes_ = 0;  // element region of one block
   int64_t block_bytes_ = 0;
   std::vector<uint8_t> data_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/dtype.h"
 
 namespace ringlane::worker {
 namespace {
@@ -67,6 +68,60 @@ TEST_P(KvCacheTest, StoredBytesIndependentOfNeighbours) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kFP8E4M3),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+// The packed FP8 latent row: per-128 scales for the latent, BF16 RoPE key,
+// E4M3 index key with its own scale; each part within its format's
+// precision of its own group's magnitude, whatever the other parts hold.
+TEST(KvCache, PackedFp8LatentRoundTrips) {
+  const LatentSplit split{160, 8, 16};  // a partial second latent group
+  const int width = 160 + 8 + 16;
+  auto kv = KvCache::Create(2, 1, width, {4, 4, DType::kFP8E4M3}, 1, split);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_EQ((*kv)->block_bytes(), 2 * 4 * (160 + 2 * 4 + 8 * 2 + 16 + 4));
+  std::vector<float> row = Random(width, 7, 2.0f);
+  for (int i = 128; i < 160; ++i) row[i] *= 1000.0f;  // the second group alone is large
+  (*kv)->Store(3, 2, 1, 0, row.data());
+  std::vector<float> out(4 * width);
+  (*kv)->Gather({3}, 3, 1, 0, 0, out.data(), width);
+  const float* got = out.data() + 2 * width;
+  auto group_max = [&](int a, int b) {
+    float m = 0;
+    for (int i = a; i < b; ++i) m = std::fmax(m, std::fabs(row[i]));
+    return m;
+  };
+  for (auto [a, b] : {std::pair{0, 128}, std::pair{128, 160}, std::pair{168, 184}}) {
+    const float m = group_max(a, b);
+    for (int i = a; i < b; ++i) EXPECT_NEAR(got[i], row[i], m / 8) << i;
+  }
+  for (int i = 160; i < 168; ++i) EXPECT_EQ(got[i], Bf16ToFloat(FloatToBf16(row[i]))) << i;
+  // The first group kept its own scale: its error is small against its own
+  // values, not against the large group's.
+  EXPECT_NEAR(got[5], row[5], group_max(0, 128) / 8);
+  // Reading a part, or listed positions, gives exactly those columns of
+  // the whole row, packed or not.
+  for (DType dtype : {DType::kFP8E4M3, DType::kBF16}) {
+    auto pool = KvCache::Create(2, 1, width, {4, 4, dtype}, 1, split);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    for (int p = 0; p < 8; ++p) {
+      std::vector<float> r = Random(width, 100 + p);
+      (*pool)->Store(p < 4 ? 1 : 3, p % 4, 0, 0, r.data());
+    }
+    const std::vector<int32_t> blocks = {1, 3};
+    std::vector<float> whole(8 * width), index(8 * 16), picked(2 * 168);
+    (*pool)->Gather(blocks, 8, 0, 0, 0, whole.data(), width);
+    (*pool)->GatherColumns(blocks, 8, 0, 168, 16, index.data(), 16);
+    (*pool)->GatherPositions(blocks, std::vector<int32_t>{6, 2}, 0, 0, 168, picked.data(), 168);
+    for (int p = 0; p < 8; ++p)
+      for (int i = 0; i < 16; ++i) EXPECT_EQ(index[p * 16 + i], whole[p * width + 168 + i]);
+    for (int i = 0; i < 168; ++i) {
+      EXPECT_EQ(picked[i], whole[6 * width + i]);
+      EXPECT_EQ(picked[168 + i], whole[2 * width + i]);
+    }
+  }
+  // A split must match the row and belong to a one-plane, one-head pool.
+  EXPECT_FALSE(KvCache::Create(2, 1, width + 1, {4, 4, DType::kFP8E4M3}, 1, split).ok());
+  EXPECT_FALSE(KvCache::Create(2, 1, width, {4, 4, DType::kFP8E4M3}, 2, split).ok());
+}
 
 TEST(KvCache, RejectsBadSpecs) {
   EXPECT_EQ(KvCache::Create(1, 1, 8, {0, 16, DType::kF32}).status().code(),

@@ -305,10 +305,11 @@ int main(int argc, char** argv) {
   }
   RL_LOG(INFO) << absl::StrFormat(
       "model %s: %d layers, %d/%d heads (this rank %d, KV %d), vocab %d, context %d; "
-      "KV pool %d blocks x %d tokens, %s, %.1f MiB; loaded in %.0f ms",
+      "KV pool %d blocks x %d tokens, %s, %.1f MiB, %d bytes per token (%s); loaded in %.0f ms",
       model_path, cfg.layers, cfg.heads, cfg.kv_heads, shard->shard.heads, shard->shard.kv_heads,
       cfg.vocab, context, kv_blocks, block_size, rw::DTypeName(*kv_dtype),
-      static_cast<double>(block_bytes) * kv_blocks / (1 << 20),
+      static_cast<double>(block_bytes) * kv_blocks / (1 << 20), block_bytes / block_size,
+      rw::IsMla(cfg) ? "latent" : "K/V",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
   // Metrics first, so that a port clash fails before the group forms.

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/backend/factory.h"
 #include "worker/model/hf_config.h"
 #include "worker/model/model.h"
 #include "worker/model/rope.h"
@@ -200,6 +201,35 @@ TEST(DeepseekConfigTest, BadConfigsNameTheField) {
   absl::StatusOr<HfConfig> hf = ParseHfConfig(glm.dump(), "bad/config.json");
   EXPECT_TRUE(absl::IsInvalidArgument(hf.status())) << hf.status();
   EXPECT_THAT(std::string(hf.status().message()), HasSubstr("index_head_dim"));
+}
+
+// KV bytes per token and layer of the published shapes, from the configs
+// alone: DeepSeek-V3's FP8 latent is fp8_ds_mla's 656 bytes (512 E4M3 + 4
+// float scales + 64 BF16), GLM-5 adds its indexer key (128 E4M3 + a scale);
+// every TP rank keeps the same row (the latent is not split by heads).
+TEST(DeepseekConfigTest, LatentKvBytesPerTokenOfThePublishedShapes) {
+  struct Row {
+    Json config;
+    DType kv;
+    int64_t bytes_per_token_layer;
+  };
+  for (const Row& r : {Row{DeepseekV3Config(), DType::kFP8E4M3, 656},
+                       Row{Glm5Config(), DType::kFP8E4M3, 656 + 132},
+                       Row{DeepseekV3Config(), DType::kBF16, (512 + 64) * 2},
+                       Row{Glm5Config(), DType::kF32, (512 + 64 + 128) * 4}}) {
+    absl::StatusOr<HfConfig> hf = ParseHfConfig(r.config.dump(), "config.json");
+    ASSERT_TRUE(hf.ok()) << hf.status();
+    const ModelConfig& c = hf->config;
+    SCOPED_TRACE(c.model_type + " " + std::string(DTypeName(r.kv)));
+    for (int world : {1, 4}) {
+      TpShard shard{
+          0, world,          0, c.heads / world, 0, c.kv_heads / world, 0, c.intermediate / world,
+          0, c.vocab / world};
+      absl::StatusOr<int64_t> block = KvBlockBytes(kCpuBackend, c, shard, {1, 64, r.kv});
+      ASSERT_TRUE(block.ok()) << block.status();
+      EXPECT_EQ(*block, r.bytes_per_token_layer * 64 * c.layers) << "TP" << world;
+    }
+  }
 }
 
 // Renames one tensor in a single-file safetensors checkpoint (the header is

@@ -76,7 +76,9 @@ struct SyntheticModelOptions {
 // hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab 32000,
 // 2048 positions, FP8), and the DeepSeek family at the defaults' small sizes:
 // "deepseek-tiny" (deepseek_v3) and "glm5-tiny" (glm_moe_dsa, BF16, 3 layers
-// of which the first is dense). Other names are InvalidArgument.
+// of which the first is dense), and "glm5-small" (GLM-5's attention widths in
+// 4 layers of hidden 1024 with 16 experts, FP8, 131072 positions, for
+// long-context benchmarks). Other names are InvalidArgument.
 absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name);
 
 // Writes the model to o.out_dir (created if needed; files of the same name are

@@ -62,6 +62,25 @@ inline void AttendHeadImpl(const AttendArgs& a) {
   }
 }
 
+// IndexerScoreArgs' definition: the loops over keys are independent, so
+// they vectorize without reordering any sum.
+inline void IndexerScoresImpl(const IndexerScoreArgs& a) {
+  float* s = a.scores;
+  float* dot = a.dot;
+  for (int64_t j = 0; j < a.n; ++j) s[j] = 0.0f;
+  for (int h = 0; h < a.heads; ++h) {
+    const float* q = a.q + int64_t{h} * a.head_dim;
+    for (int64_t j = 0; j < a.n; ++j) dot[j] = 0.0f;
+    for (int d = 0; d < a.head_dim; ++d) {
+      const float qd = q[d];
+      const float* kd = a.kt + d * a.ldkt;
+      for (int64_t j = 0; j < a.n; ++j) dot[j] = std::fma(qd, kd[j], dot[j]);
+    }
+    const float wh = a.w[h];
+    for (int64_t j = 0; j < a.n; ++j) s[j] = s[j] + wh * std::fmax(dot[j], 0.0f);
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker::cpu::internal
 

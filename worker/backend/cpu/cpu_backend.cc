@@ -23,6 +23,7 @@ using cpu::Isa;
 // latent_dim + rope_dim values. Recurrent state has no pool yet.
 struct PoolShape {
   int kv_heads = 0, head_dim = 0, planes = 0;
+  LatentSplit split;  // latent caches: the parts of a row
 };
 absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches) {
   if (caches.empty()) return absl::FailedPreconditionError("the model has no layers");
@@ -31,7 +32,8 @@ absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches)
       case CacheKind::kPagedKv:
         return PoolShape{c.kv_heads, c.head_dim, 2};
       case CacheKind::kLatentKv:
-        return PoolShape{1, c.latent_dim + c.rope_dim + c.index_dim, 1};
+        return PoolShape{1, c.latent_dim + c.rope_dim + c.index_dim, 1,
+                         LatentSplit{c.latent_dim, c.rope_dim, c.index_dim}};
       default:
         return absl::UnimplementedError(absl::StrCat("cache kind ", static_cast<int>(c.kind),
                                                      " has no CPU pool; only paged and latent "
@@ -83,7 +85,7 @@ class CpuBackend final : public Backend {
     absl::StatusOr<PoolShape> shape = PoolShapeOf(caches_);
     if (!shape.ok()) return shape.status();
     auto kv = KvCache::Create(static_cast<int>(caches_.size()), shape->kv_heads, shape->head_dim,
-                              spec, shape->planes);
+                              spec, shape->planes, shape->split);
     if (!kv.ok()) return kv.status();
     kv_ = std::move(*kv);
     ops_.set_kv_cache(kv_.get());
@@ -216,7 +218,7 @@ absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard
   absl::StatusOr<PoolShape> shape = PoolShapeOf(*caches);
   if (!shape.ok()) return shape.status();
   return KvCache::BlockBytes(static_cast<int>(caches->size()), shape->kv_heads, shape->head_dim,
-                             spec, shape->planes);
+                             spec, shape->planes, shape->split);
 }
 
 }  // namespace ringlane::worker

@@ -230,9 +230,9 @@ void CpuOps::StoreLatent(int layer, absl::Span<const LatentPart> parts) {
 
 void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, const float* q_pe,
                           const LatentSelection* selection, float* out) {
-  // Cached rows hold the latent, the rope key and maybe the indexer's key;
-  // attention reads the first two (W), the values are the latents (C).
-  const int C = lh.latent_dim, R = lh.rope_dim, W = C + R, row_width = kv_->head_dim();
+  // Attention reads the latent and the rope key of each cached row (W
+  // columns, not the indexer's key); the values are the latents (C).
+  const int C = lh.latent_dim, R = lh.rope_dim, W = C + R;
   const int64_t nseq = static_cast<int64_t>(rows_.round->seqs.size());
   // Heads in as many chunks as there are threads: a lone decoding sequence
   // still uses every thread; each chunk reads the sequence's latents once.
@@ -243,79 +243,83 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     const int h0 = chunk * lh.heads / chunks, h1 = (chunk + 1) * lh.heads / chunks;
     const SeqStep& seq = rows_.round->seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
-    const int64_t n_ctx = seq.start_position + rows;
+    const int64_t row0 = rows_.seq_row0[s];
+    auto sparse = [&](int r) { return selection != nullptr && selection->count[row0 + r] > 0; };
+    // Dense rows read the context up to their own position; sparse rows
+    // (past the window, so after every dense row) only what they chose.
+    int64_t n_dense = 0;
+    for (int r = 0; r < rows; ++r) {
+      if (!sparse(r)) n_dense = rows_.positions[row0 + r] + 1;
+    }
     std::vector<float>& kb = kbuf_[thread];
     std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& sc = scores_[thread];
     std::vector<float>& qb = qbuf_[thread];
-    if (kb.size() < static_cast<size_t>(n_ctx * row_width)) kb.resize(n_ctx * row_width);
-    if (kt.size() < static_cast<size_t>(n_ctx * W)) kt.resize(n_ctx * W);
-    if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
+    const int64_t n_scores = std::max<int64_t>(n_dense, selection ? selection->topk : 0);
+    if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
+    if (kt.size() < static_cast<size_t>(n_dense * W)) kt.resize(n_dense * W);
+    if (sc.size() < static_cast<size_t>(n_scores)) sc.resize(n_scores);
     if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
     // Read back in the stored dtype, this round's rows too, as decode will.
-    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), row_width);
-    for (int64_t j = 0; j < n_ctx; ++j)
-      for (int d = 0; d < W; ++d) kt[d * n_ctx + j] = kb[j * row_width + d];
-    const int64_t row0 = rows_.seq_row0[s];
+    kv_->GatherColumns(seq.block_ids, n_dense, layer, 0, W, kb.data(), W);
+    for (int64_t j = 0; j < n_dense; ++j)
+      for (int d = 0; d < W; ++d) kt[d * n_dense + j] = kb[j * W + d];
     const int64_t ld_lat = int64_t{lh.heads} * C;
     std::vector<float>& skt = sel_kt_[thread];
     std::vector<float>& sv = sel_v_[thread];
-    if (selection != nullptr) {
-      skt.resize(static_cast<size_t>(W) * selection->topk);
-      sv.resize(static_cast<size_t>(selection->topk) * C);
+    // Head h's query of row r: the absorbed latent part, then the rope part.
+    auto query = [&](int r, int h, float* dst) {
+      const int64_t t = row0 + r;
+      std::copy_n(q_lat + t * ld_lat + int64_t{h} * C, C, dst);
+      std::copy_n(q_pe + t * lh.pe_ld + h * lh.pe_stride, R, dst + C);
+    };
+    AttendArgs a;
+    a.ldq = W;
+    a.head_dim = W;
+    a.v_dim = C;
+    a.scale = lh.scale;
+    a.scores = sc.data();
+    a.ldo = ld_lat;
+    // A row computes the same whatever rows run beside it: the dense rows of
+    // a sequence (a prefix of them, as positions increase) go together per
+    // head; each sparse row reads its chosen positions once for all heads.
+    int n_dense_rows = 0;
+    while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
+    for (int h = h0; h < h1 && n_dense_rows > 0; ++h) {
+      for (int r = 0; r < n_dense_rows; ++r) query(r, h, qb.data() + int64_t{r} * W);
+      a.q = qb.data();
+      a.rows = n_dense_rows;
+      a.positions = rows_.positions + row0;
+      a.kt = kt.data();
+      a.ldkt = n_dense;
+      a.v = kb.data();
+      a.ldv = W;
+      a.out = out + row0 * ld_lat + int64_t{h} * C;
+      AttendHead(a, isa_);
     }
-    for (int h = h0; h < h1; ++h) {
-      for (int r = 0; r < rows; ++r) {
-        const int64_t t = row0 + r;
-        std::copy_n(q_lat + t * ld_lat + int64_t{h} * C, C, qb.data() + int64_t{r} * W);
-        std::copy_n(q_pe + t * lh.pe_ld + h * lh.pe_stride, R, qb.data() + int64_t{r} * W + C);
-      }
-      AttendArgs a;
-      a.ldq = W;
-      a.head_dim = W;
-      a.v_dim = C;
-      a.scale = lh.scale;
-      a.scores = sc.data();
-      a.ldo = ld_lat;
-      // A row computes the same whatever rows run beside it, so the dense
-      // rows of a sequence go together and each sparse row alone.
-      int r = 0;
-      while (r < rows) {
-        const int64_t t = row0 + r;
-        const int n_sel = selection == nullptr ? 0 : selection->count[t];
-        a.q = qb.data() + int64_t{r} * W;
-        a.out = out + t * ld_lat + int64_t{h} * C;
-        if (n_sel == 0) {
-          int run = 1;
-          while (r + run < rows && (selection == nullptr || selection->count[t + run] == 0)) {
-            ++run;
-          }
-          a.rows = run;
-          a.positions = rows_.positions + t;
-          a.kt = kt.data();
-          a.ldkt = n_ctx;
-          a.v = kb.data();
-          a.ldv = row_width;
-          AttendHead(a, isa_);
-          r += run;
-          continue;
-        }
-        // The selected positions, in increasing order, as a context of their own.
-        const int32_t* sel = selection->selected + t * selection->topk;
-        for (int i = 0; i < n_sel; ++i) {
-          const float* src = kb.data() + int64_t{sel[i]} * row_width;
-          for (int d = 0; d < W; ++d) skt[int64_t{d} * n_sel + i] = src[d];
-          std::copy_n(src, C, sv.data() + int64_t{i} * C);
-        }
-        const int64_t last = n_sel - 1;
+    for (int r = n_dense_rows; r < rows; ++r) {
+      const int64_t t = row0 + r;
+      // The chosen positions, in increasing order, as a context of their own.
+      const int n_sel = selection->count[t];
+      sv.resize(static_cast<size_t>(n_sel) * W);
+      skt.resize(static_cast<size_t>(n_sel) * W);
+      kv_->GatherPositions(seq.block_ids,
+                           absl::MakeConstSpan(selection->selected + t * selection->topk, n_sel),
+                           layer, 0, W, sv.data(), W);
+      for (int i = 0; i < n_sel; ++i)
+        for (int d = 0; d < W; ++d) skt[int64_t{d} * n_sel + i] = sv[int64_t{i} * W + d];
+      const int64_t last = n_sel - 1;
+      for (int h = h0; h < h1; ++h) {
+        query(r, h, qb.data());
+        a.q = qb.data();
         a.rows = 1;
         a.positions = &last;
         a.kt = skt.data();
         a.ldkt = n_sel;
         a.v = sv.data();
-        a.ldv = C;
+        a.ldv = W;
+        a.out = out + t * ld_lat + int64_t{h} * C;
         AttendHead(a, isa_);
-        ++r;
       }
     }
   });
@@ -323,9 +327,12 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
 
 void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, int topk,
                            int32_t* selected, int32_t* count) {
-  const int row_width = kv_->head_dim(), I = iq.head_dim;
-  const int64_t nseq = static_cast<int64_t>(rows_.round->seqs.size());
-  pool_->ParallelFor(nseq, [&](int64_t s, int thread) {
+  const int I = iq.head_dim;
+  // Keys are split over the threads, sequence by sequence: a single decoding
+  // stream at long context is one row scoring every key, and each key's
+  // score is its own (IndexerScores), so the split never changes a bit.
+  constexpr int64_t kKeysPerTask = 1024;
+  for (size_t s = 0; s < rows_.round->seqs.size(); ++s) {
     const SeqStep& seq = rows_.round->seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
     const int64_t n_ctx = seq.start_position + rows;
@@ -335,30 +342,40 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
       count[row0 + r] = 0;
       any = any || rows_.positions[row0 + r] + 1 > dense_window;
     }
-    if (!any) return;
-    std::vector<float>& kb = kbuf_[thread];
-    std::vector<float>& sc = scores_[thread];
-    if (kb.size() < static_cast<size_t>(n_ctx * row_width)) kb.resize(n_ctx * row_width);
-    if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
-    kv_->Gather(seq.block_ids, n_ctx, layer, 0, 0, kb.data(), row_width);
+    if (!any) continue;
+    // The keys transposed once per sequence: the scores of consecutive
+    // positions are then computed side by side.
+    index_keys_.resize(n_ctx * I);
+    index_kt_.resize(n_ctx * I);
+    index_scores_.resize(n_ctx);
+    const int64_t tasks = (n_ctx + kKeysPerTask - 1) / kKeysPerTask;
+    pool_->ParallelFor(tasks, [&](int64_t task, int) {
+      const int64_t j0 = task * kKeysPerTask, j1 = std::min(n_ctx, j0 + kKeysPerTask);
+      std::vector<int32_t> positions(j1 - j0);
+      std::iota(positions.begin(), positions.end(), static_cast<int32_t>(j0));
+      kv_->GatherPositions(seq.block_ids, positions, layer, iq.key_offset, I,
+                           index_keys_.data() + j0 * I, I);
+      for (int64_t j = j0; j < j1; ++j)
+        for (int d = 0; d < I; ++d) index_kt_[d * n_ctx + j] = index_keys_[j * I + d];
+    });
+    std::vector<float> w(iq.heads);
     std::vector<int32_t> order;
     for (int r = 0; r < rows; ++r) {
       const int64_t t = row0 + r;
       const int64_t n = rows_.positions[t] + 1;
       if (n <= dense_window) continue;
-      // Scores from this row's query and the cached keys alone, each sum in
-      // a fixed order: the choice never depends on the row's round-mates.
-      for (int64_t j = 0; j < n; ++j) {
-        const float* k = kb.data() + j * row_width + iq.key_offset;
-        float score = 0.0f;
-        for (int h = 0; h < iq.heads; ++h) {
-          const float* q = iq.q + t * iq.ldq + int64_t{h} * I;
-          float dot = 0.0f;
-          for (int d = 0; d < I; ++d) dot = std::fma(q[d], k[d], dot);
-          score = score + iq.weight_scale * iq.w[t * iq.ldw + h] * std::max(dot, 0.0f);
-        }
-        sc[j] = score;
-      }
+      // This row's query and the cached keys alone decide: the choice never
+      // depends on the row's round-mates.
+      for (int h = 0; h < iq.heads; ++h) w[h] = iq.weight_scale * iq.w[t * iq.ldw + h];
+      pool_->ParallelFor((n + kKeysPerTask - 1) / kKeysPerTask, [&](int64_t task, int thread) {
+        const int64_t j0 = task * kKeysPerTask, len = std::min(n - j0, kKeysPerTask);
+        std::vector<float>& dot = vbuf_[thread];
+        if (dot.size() < static_cast<size_t>(len)) dot.resize(len);
+        IndexerScores({iq.q + t * iq.ldq, w.data(), iq.heads, I, index_kt_.data() + j0, n_ctx, len,
+                       dot.data(), index_scores_.data() + j0},
+                      isa_);
+      });
+      const float* sc = index_scores_.data();
       const int k = static_cast<int>(std::min<int64_t>(topk, n));
       order.resize(n);
       std::iota(order.begin(), order.end(), 0);
@@ -369,7 +386,7 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
       std::copy_n(order.begin(), k, selected + t * topk);
       count[t] = k;
     }
-  });
+  }
 }
 
 void CpuOps::LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b,

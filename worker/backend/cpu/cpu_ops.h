@@ -87,6 +87,9 @@ class CpuOps final : public ComputeOps {
   // MatMulTransposed's weights converted to float, [w.rows][w.cols].
   AlignedFloats wt_;
   std::vector<float> latent_row_;  // StoreLatent's row: latent, then rope key
+  // IndexerSelect's keys of one sequence, [n][index dim] and transposed, and
+  // one row's scores.
+  std::vector<float> index_keys_, index_kt_, index_scores_;
 };
 
 }  // namespace ringlane::worker::cpu

@@ -202,4 +202,14 @@ void AttendHead(const AttendArgs& args, Isa isa) {
   internal::AttendHeadImpl(args);
 }
 
+void IndexerScores(const IndexerScoreArgs& args, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    internal::IndexerScoresAvx2(args);
+    return;
+  }
+#endif
+  internal::IndexerScoresImpl(args);
+}
+
 }  // namespace ringlane::worker::cpu

@@ -91,6 +91,24 @@ struct AttendArgs {
 };
 void AttendHead(const AttendArgs& args, Isa isa);
 
+// The DSA indexer's scores of one query row against n keys given transposed:
+// scores[j] = sum over h, in increasing h, of w[h] * max(dot_h(j), 0), where
+// dot_h(j) sums q[h * head_dim + d] * kt[d * ldkt + j] over d in increasing
+// order with fused multiply-adds. Vectorized across keys, so every path
+// rounds alike and a key's score never depends on the others.
+struct IndexerScoreArgs {
+  const float* q;  // [heads][head_dim]
+  const float* w;  // [heads]
+  int heads;
+  int head_dim;
+  const float* kt;  // [head_dim][ldkt]
+  int64_t ldkt;
+  int64_t n;
+  float* dot;     // scratch, n floats
+  float* scores;  // n floats
+};
+void IndexerScores(const IndexerScoreArgs& args, Isa isa);
+
 namespace internal {
 void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1);
@@ -102,6 +120,7 @@ float Hsum8(const float* a);
 // Hsum8, so every instruction-set file calls the same portable code.
 float Hsum16(const float* a);
 void AttendHeadAvx2(const AttendArgs& args);
+void IndexerScoresAvx2(const IndexerScoreArgs& args);
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1, bool use_panel);
 void DequantRowAvx512(const Matrix& w, int64_t r, float* out);

@@ -72,4 +72,6 @@ void DequantRowAvx2(const Matrix& w, int64_t r, float* out) { simd::DequantRow<A
 
 void AttendHeadAvx2(const AttendArgs& a) { AttendHeadImpl(a); }
 
+void IndexerScoresAvx2(const IndexerScoreArgs& a) { IndexerScoresImpl(a); }
+
 }  // namespace ringlane::worker::cpu::internal

@@ -226,5 +226,37 @@ TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
   }
 }
 
+// The DSA indexer's scores: the same bits on every instruction set and for
+// any number of keys (a key's score never depends on the others), and the
+// published sum_h w_h relu(q_h . k_j) in double precision.
+TEST(IndexerScores, SameOnEveryIsaAndForAnyKeyCount) {
+  const int heads = 3, hd = 20, n = 37;
+  std::vector<float> q = RandomX(heads, hd, 4), k = RandomX(n, hd, 5), w = RandomX(1, heads, 6);
+  std::vector<float> kt(hd * n);
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) kt[d * n + j] = k[j * hd + d];
+  auto run = [&](int64_t keys, Isa isa) {
+    std::vector<float> dot(keys), scores(keys);
+    IndexerScores({q.data(), w.data(), heads, hd, kt.data(), n, keys, dot.data(), scores.data()},
+                  isa);
+    return scores;
+  };
+  const std::vector<float> all = run(n, Isa::kScalar);
+  for (Isa isa : SupportedIsas()) {
+    EXPECT_TRUE(SameBits(run(n, isa), all)) << IsaName(isa);
+    std::vector<float> some = run(11, isa);
+    EXPECT_TRUE(SameBits(some, std::vector<float>(all.begin(), all.begin() + 11))) << IsaName(isa);
+  }
+  for (int j = 0; j < n; ++j) {
+    double want = 0;
+    for (int h = 0; h < heads; ++h) {
+      double dot = 0;
+      for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[j * hd + d];
+      want += w[h] * std::max(dot, 0.0);
+    }
+    EXPECT_NEAR(all[j], want, 1e-4) << j;
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker::cpu
