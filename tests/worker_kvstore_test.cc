@@ -25,6 +25,7 @@
 #include "tests/support/kvstore.h"
 #include "tests/support/lane_runner.h"
 #include "tests/support/worker_rpc.h"
+#include "worker/model/synthetic.h"
 
 namespace ringlane {
 namespace {
@@ -109,6 +110,63 @@ TEST(WorkerKvstoreTest, OffloadedBlocksRestoreIntoAnotherGroupAndDecodeTheSame) 
   // The metrics say what moved.
   const std::string m = testing::ScrapeMetrics(*kv);
   EXPECT_THAT(m, HasSubstr("ringlane_kvstore"));
+}
+
+// A latent cache (the DeepSeek family) is the same on every TP rank: its
+// blocks are stored once under a rank-shared key, written by rank 0, and
+// every rank of another group restores them from that one copy and decodes
+// the same token with the same log-probability.
+TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
+  auto o = worker::SyntheticPreset("glm5-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_kvstore_latent_" + std::to_string(getpid());
+  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
+  ASSERT_NE(kv, nullptr);
+  const std::vector<std::string> flags = {"--kv_blocks=16", "--block_size=16",
+                                          "--kvstore=" + kv->address("kvstore"),
+                                          "--model=" + o->out_dir};
+  WorkerGroup a = StartGroup(2, flags);
+  WorkerGroup b = StartGroup(2, flags);
+  auto ca = ConnectGroup(a);
+  auto cb = ConnectGroup(b);
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(ca->info().layer_cache_kinds(0), v1::CACHE_KIND_LATENT_KV);
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 41; ++i) prompt.push_back((i * 37 + 11) % o->vocab);
+  auto ra = ca->Run(testing::OneRowPlan(1, 0, prompt, {0, 1, 2}));
+  ASSERT_TRUE(ra.ok() && ra->error().code() == 0) << (ra.ok() ? ra->error().message() : "");
+  v1::RoundPlan next = testing::OneRowPlan(2, 0, {1, 2, 3}, {0});
+  for (auto [id, c] : {std::pair{0, 'p'}, {1, 'q'}}) {
+    v1::KvBlockRef* off = next.add_offloads();
+    off->set_block_id(id);
+    off->set_prefix_hash(Hash(c));
+  }
+  auto rn = ca->Run(next);
+  ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
+  auto client = testing::KvClient(*kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = client->Stats();
+    return s.ok() && s->blocks_stored() == 2;
+  })) << "the offloads never reached the store";
+  // Rank 1 wrote nothing of its own: still one copy per block.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->blocks_stored(), 2);
+
+  for (int r = 0; r < 2; ++r) {
+    v1::RestoreKvBlocksResponse resp;
+    grpc::Status st = CallRestore(b.rank(r).address(), Restore({{7, 'p'}, {3, 'q'}}), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.num_restored(), 2) << "rank " << r << ": " << resp.stopped();
+  }
+  std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
+  auto rb = cb->Run(testing::OneRowPlan(1, 32, rest, {7, 3, 5}));
+  ASSERT_TRUE(rb.ok() && rb->error().code() == 0) << rb->error().message();
+  EXPECT_EQ(rb->outputs(0).tokens(0).token_id(), ra->outputs(0).tokens(0).token_id());
+  EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
 }
 
 // A TCP proxy in front of the kvstore that, once armed, flips one byte of

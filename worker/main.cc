@@ -8,6 +8,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -355,6 +356,10 @@ int main(int argc, char** argv) {
   id.rank = rank;
   id.world_size = world;
   id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
+  id.kv_rank_shared = std::all_of(layer_caches->begin(), layer_caches->end(),
+                                  [](const rw::LayerCacheSpec& c) {
+                                    return c.kind == rw::CacheKind::kLatentKv;
+                                  });
   // The store is reached lazily (a channel connects on first use), so a
   // kvstore that starts after the worker, or restarts, is used once it is up.
   std::unique_ptr<rw::KvStoreLink> kvstore;

@@ -192,11 +192,14 @@ v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash) const {
   k.set_kv_dtype(ToProto(kv_pool_.dtype));
   k.set_block_size_tokens(kv_pool_.block_size);
   k.set_layout_fingerprint(id_.kv_layout_fingerprint);
+  k.set_rank_shared(id_.kv_rank_shared);
   return k;
 }
 
 void WorkerService::Offload(const v1::RoundPlan& plan) {
   if (kvstore_ == nullptr) return;
+  // The other ranks' copies of a rank-shared block are these same bytes.
+  if (id_.kv_rank_shared && id_.rank != 0) return;
   std::vector<uint8_t> payload;
   for (const v1::KvBlockRef& ref : plan.offloads()) {
     // A bad entry costs only its own upload: the forward pass does not read
@@ -285,6 +288,10 @@ uint64_t KvLayoutFingerprint(const std::string& backend,
   std::string desc = absl::StrCat("ringlane-kv-layout-v1;", backend);
   for (const LayerCacheSpec& c : caches) {
     absl::StrAppend(&desc, ";", static_cast<int>(c.kind), ",", c.kv_heads, ",", c.head_dim);
+    // How a latent row splits decides its packed FP8 layout.
+    if (c.kind == CacheKind::kLatentKv) {
+      absl::StrAppend(&desc, ",", c.latent_dim, ",", c.rope_dim, ",", c.index_dim);
+    }
   }
   return XXH64(desc.data(), desc.size(), 0);
 }

@@ -31,6 +31,10 @@ struct WorkerIdentity {
   // fingerprint (KvLayoutFingerprint), advertised and put in every key.
   std::string kvstore_address;
   uint64_t kv_layout_fingerprint = 0;
+  // Every rank's blocks hold the same bytes (a latent cache, computed whole
+  // on each rank): the kvstore keeps one copy under a rank-shared key, which
+  // rank 0 alone writes and every rank reads.
+  bool kv_rank_shared = false;
 };
 
 // What shapes a block's bytes beyond the fields of BlockKey: the backend and
