@@ -54,14 +54,13 @@ bool RunGroup(int world, const std::string& dir,
   });
 }
 
-absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(const std::string& model_path,
-                                                              int rank, int world,
-                                                              worker::Communicator* comm,
-                                                              worker::DType kv) {
+absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(
+    const std::string& model_path, int rank, int world, worker::Communicator* comm,
+    worker::DType kv, const worker::ShardOptions& sharding = {}) {
   auto full = worker::LoadModel(model_path);
   if (!full.ok()) return full.status();
   auto shard = worker::ShardModel(std::shared_ptr<const worker::ModelWeights>(std::move(*full)),
-                                  rank, world);
+                                  rank, world, sharding);
   if (!shard.ok()) return shard.status();
   worker::CpuBackendOptions opt;
   opt.comm = comm;
@@ -161,9 +160,9 @@ INSTANTIATE_TEST_SUITE_P(Worlds, StoriesTp, ::testing::Values(2, 4));
 // Five lanes in shared rounds across a TP4 group give exactly their solo
 // tokens and logits: the rank-order all-reduce keeps batch invariance.
 bool ConcurrentEqualsSoloTp4(const std::string& model, worker::DType kv, int vocab,
-                             const std::string& dir) {
+                             const std::string& dir, const worker::ShardOptions& sharding = {}) {
   return RunGroup(4, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(model, rank, 4, comm, kv);
+    auto b = ShardBackend(model, rank, 4, comm, kv, sharding);
     if (!b.ok()) return 2;
     std::vector<testing::LaneSpec> lanes(5);
     for (int i = 0; i < 5; ++i) {
@@ -203,7 +202,7 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
 // Max |TP(world) - TP1| of the teacher-forced logits of `seq` (prefill
 // chunks of `chunk`), F32 KV; INFINITY when a rank fails.
 double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>& seq, int chunk,
-                           int world) {
+                           int world, const worker::ShardOptions& sharding = {}) {
   auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32}, {.threads = 1});
   EXPECT_TRUE(tp1.ok()) << tp1.status();
   if (!tp1.ok()) return INFINITY;
@@ -213,7 +212,7 @@ double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>&
   const std::string dir = model + "_group" + std::to_string(world);
   const std::string out = model + ".logits" + std::to_string(world);
   bool ok = RunGroup(world, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(model, rank, world, comm, worker::DType::kF32);
+    auto b = ShardBackend(model, rank, world, comm, worker::DType::kF32, sharding);
     if (!b.ok()) return 2;
     auto logits = testing::TeacherForcedLogits(b->get(), seq, chunk);
     if (!logits.ok()) return 3;
@@ -251,23 +250,49 @@ worker::SyntheticModelOptions DeepseekTpModel() {
   return *o;
 }
 
-class DeepseekTp : public ::testing::TestWithParam<int> {};
+// (world, expert parallel): expert parallelism gives each rank whole experts
+// (8 over 2 or 4 ranks), its partial sums meeting the others' in the same
+// rank-order all-reduce.
+class DeepseekTp : public ::testing::TestWithParam<std::pair<int, bool>> {};
 
 TEST_P(DeepseekTp, TeacherForcedMatchesTp1) {
+  const auto [world, ep] = GetParam();
   const worker::SyntheticModelOptions o = DeepseekTpModel();
   std::vector<int32_t> seq;
   for (int i = 0; i < 40; ++i) seq.push_back((i * 97 + 5) % o.vocab);
-  const double diff = TeacherForcedTpDiff(o.out_dir, seq, 6, GetParam());
-  std::printf("glm_moe_dsa TP%d vs TP1: max |logit difference| %.3g\n", GetParam(), diff);
+  const double diff = TeacherForcedTpDiff(o.out_dir, seq, 6, world, {.expert_parallel = ep});
+  std::printf("glm_moe_dsa %s%d vs TP1: max |logit difference| %.3g\n", ep ? "EP" : "TP", world,
+              diff);
   EXPECT_LT(diff, 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, DeepseekTp, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Worlds, DeepseekTp,
+                         ::testing::Values(std::pair{2, false}, std::pair{4, false},
+                                           std::pair{2, true}, std::pair{4, true}));
 
 TEST(DeepseekTp4, ConcurrentEqualsSolo) {
   const worker::SyntheticModelOptions o = DeepseekTpModel();
   EXPECT_TRUE(
       ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab, o.out_dir + "_inv"));
+  EXPECT_TRUE(ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab,
+                                      o.out_dir + "_inv_ep", {.expert_parallel = true}));
+}
+
+// Expert parallelism needs routed experts that split over the ranks.
+TEST(DeepseekShard, ExpertParallelNeedsExpertsThatSplit) {
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  auto full = worker::LoadModel(o.out_dir);
+  ASSERT_TRUE(full.ok());
+  std::shared_ptr<const worker::ModelWeights> m(std::move(*full));
+  EXPECT_TRUE(worker::ShardModel(m, 0, 4, {.expert_parallel = true}).ok());
+  auto bad = worker::ShardModel(m, 0, 3, {.expert_parallel = true});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  auto stories = worker::LoadModel(SourcePath("deploy/models/stories260K/stories260K.bin"));
+  ASSERT_TRUE(stories.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      worker::ShardModel(std::shared_ptr<const worker::ModelWeights>(std::move(*stories)), 0, 2,
+                         {.expert_parallel = true})
+          .status()));
 }
 
 }  // namespace

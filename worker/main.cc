@@ -74,6 +74,10 @@ ABSL_FLAG(int, kv_blocks, 0,
           "model's full context");
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or fp8");
+ABSL_FLAG(bool, expert_parallel, false,
+          "MoE models: each rank holds n_routed / world_size whole experts instead of a slice "
+          "of every expert (attention, shared experts and dense layers stay tensor-parallel); "
+          "every rank of a group must agree");
 ABSL_FLAG(int, dsa_dense_window, 2051,
           "DSA models (deepseek_v32, glm_moe_dsa): a position with at most this many tokens of "
           "context attends to all of them, beyond to the index_topk the indexer picks");
@@ -221,6 +225,7 @@ int main(int argc, char** argv) {
   if (threads < 1 || threads > 256) ExitWithUsageError("--threads must be in [1, 256]");
   const int block_size = absl::GetFlag(FLAGS_block_size);
   if (block_size < 1 || block_size > 4096) ExitWithUsageError("--block_size must be in [1, 4096]");
+  const bool expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   const int dense_window = absl::GetFlag(FLAGS_dsa_dense_window);
   if (dense_window < 1) ExitWithUsageError("--dsa_dense_window must be positive");
   int kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
@@ -281,7 +286,7 @@ int main(int argc, char** argv) {
   (*full)->config.indexer.dense_window = dense_window;
   std::shared_ptr<const rw::ModelWeights> shard(std::move(*full));
   if (world > 1) {
-    auto s = rw::ShardModel(shard, rank, world);
+    auto s = rw::ShardModel(shard, rank, world, {.expert_parallel = expert_parallel});
     if (!s.ok()) {
       RL_LOG(ERROR) << "cannot shard the model " << world << " ways: " << s.status().message();
       return 1;
@@ -356,10 +361,10 @@ int main(int argc, char** argv) {
   id.rank = rank;
   id.world_size = world;
   id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
-  id.kv_rank_shared = std::all_of(layer_caches->begin(), layer_caches->end(),
-                                  [](const rw::LayerCacheSpec& c) {
-                                    return c.kind == rw::CacheKind::kLatentKv;
-                                  });
+  if (cfg.moe.n_routed > 0) id.moe_sharding = expert_parallel && world > 1 ? "ep" : "tp";
+  id.kv_rank_shared =
+      std::all_of(layer_caches->begin(), layer_caches->end(),
+                  [](const rw::LayerCacheSpec& c) { return c.kind == rw::CacheKind::kLatentKv; });
   // The store is reached lazily (a channel connects on first use), so a
   // kvstore that starts after the worker, or restarts, is used once it is up.
   std::unique_ptr<rw::KvStoreLink> kvstore;

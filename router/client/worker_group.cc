@@ -20,7 +20,8 @@ namespace {
 std::string Geometry(const v1::WorkerInfo& i) {
   return absl::StrCat("model ", i.model_id(), "@", i.model_revision(), ", group ", i.group(),
                       " epoch ", i.group_epoch(), ", world ", i.tp_world_size(), ", KV ",
-                      i.kv_pool_blocks(), "x", i.block_size_tokens(), " dtype ", i.kv_dtype());
+                      i.kv_pool_blocks(), "x", i.block_size_tokens(), " dtype ", i.kv_dtype(),
+                      i.moe_sharding().empty() ? "" : ", experts " + i.moe_sharding());
 }
 
 }  // namespace

@@ -185,7 +185,8 @@ class ComputeOps {
   virtual void ScatterRows(const float* x, int64_t dim, absl::Span<const int64_t> rows,
                            float* out) = 0;
   // out[t] = sum over s < k, in increasing s, of weights[t * k + s] * y[t * k + s],
-  // rows of `dim` floats, for t < rows.
+  // rows of `dim` floats, for t < rows; a slot of weight 0 is not read (an
+  // expert-parallel rank leaves other ranks' choices unwritten).
   virtual void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows,
                               int64_t dim, float* out) = 0;
 

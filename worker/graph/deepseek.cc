@@ -264,9 +264,16 @@ void DeepseekGraph::Moe(const LayerWeights& w, const float* xb, int rows, Comput
     expert_tokens_[x].clear();
     expert_slots_[x].clear();
   }
+  // Expert parallel: choices of another rank's experts weigh 0 here (their
+  // rank adds them in the all-reduce), so they are neither run nor read.
+  const int x0 = shard_.expert0, x1 = shard_.expert0 + shard_.experts;
   for (int64_t t = 0; t < T; ++t) {
     for (int s = 0; s < k; ++s) {
       const int32_t x = experts_[t * k + s];
+      if (x < x0 || x >= x1) {
+        weights_[t * k + s] = 0.0f;
+        continue;
+      }
       expert_tokens_[x].push_back(t);
       expert_slots_[x].push_back(t * k + s);
     }
@@ -274,13 +281,13 @@ void DeepseekGraph::Moe(const LayerWeights& w, const float* xb, int rows, Comput
   // Each expert over the rows that chose it; a row's result is the same
   // whichever other rows an expert runs with.
   float* slots = ops->Scratch(kSlots, T * k * D);
-  for (int x = 0; x < E; ++x) {
+  for (int x = x0; x < x1; ++x) {
     const int n = static_cast<int>(expert_tokens_[x].size());
     if (n == 0) continue;
     float* in = ops->Scratch(kExpertIn, int64_t{n} * D);
     float* res = ops->Scratch(kExpertOut, int64_t{n} * D);
     ops->SelectRows(xb, D, expert_tokens_[x], in);
-    GatedMlp(w.moe.experts[x], shard_.expert_intermediate, in, n, ops, res);
+    GatedMlp(w.moe.experts[x - x0], shard_.expert_intermediate, in, n, ops, res);
     ops->ScatterRows(res, D, expert_slots_[x], slots);
   }
   ops->WeightedRowSum(slots, weights_.data(), k, T, D, out);

@@ -752,6 +752,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path)
     (*w)->shard = TpShard{0, 1, 0, c.heads, 0, c.kv_heads, 0, c.intermediate, 0, c.vocab};
     (*w)->shard.expert_intermediate = c.moe.expert_intermediate;
     (*w)->shard.shared_intermediate = c.moe.n_shared * c.moe.expert_intermediate;
+    (*w)->shard.experts = c.moe.n_routed;
   }
   return w;
 }

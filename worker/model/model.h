@@ -195,7 +195,7 @@ struct IndexerWeights {
 struct MoeWeights {
   Matrix router;                         // [n_routed, hidden]
   std::vector<float> correction_bias;    // [n_routed]; empty without noaux_tc
-  std::vector<GatedMlpWeights> experts;  // n_routed
+  std::vector<GatedMlpWeights> experts;  // the shard's: TpShard::experts from expert0
   GatedMlpWeights shared;                // n_shared * expert_intermediate wide; absent when 0
 };
 
@@ -275,6 +275,10 @@ struct TpShard {
   // and the shared experts' [shared_inter0, +shared_intermediate).
   int expert_inter0 = 0, expert_intermediate = 0;
   int shared_inter0 = 0, shared_intermediate = 0;
+  // The routed experts this rank holds, [expert0, expert0 + experts):
+  // all of them under tensor parallelism, n_routed / world under expert
+  // parallelism (each then whole: expert_intermediate is the full width).
+  int expert0 = 0, experts = 0;
 };
 
 struct ModelWeights {

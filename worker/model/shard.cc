@@ -29,7 +29,7 @@ Matrix ColSlice(const Matrix& m, int64_t c0, int64_t n) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
-    std::shared_ptr<const ModelWeights> full, int rank, int world) {
+    std::shared_ptr<const ModelWeights> full, int rank, int world, const ShardOptions& options) {
   const ModelConfig& c = full->config;
   if (world < 1 || rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside a group of ", world));
@@ -47,7 +47,13 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     return absl::InvalidArgumentError(
         absl::StrCat("vocabulary of ", c.vocab, " does not split over ", world, " ranks"));
   }
-  if (c.moe.n_routed > 0 && c.moe.expert_intermediate < world) {
+  const bool ep = options.expert_parallel;
+  if (ep && (c.moe.n_routed == 0 || c.moe.n_routed % world != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("expert parallel: ", c.moe.n_routed,
+                                                   " routed experts do not split over ", world,
+                                                   " ranks"));
+  }
+  if (!ep && c.moe.n_routed > 0 && c.moe.expert_intermediate < world) {
     return absl::InvalidArgumentError(absl::StrCat("moe_intermediate_size of ",
                                                    c.moe.expert_intermediate,
                                                    " does not split over ", world, " ranks"));
@@ -81,7 +87,15 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     *count = b + (rank < x ? 1 : 0);
     *begin = rank * b + std::min(rank, x);
   };
-  split(c.moe.expert_intermediate, &t.expert_inter0, &t.expert_intermediate);
+  if (ep) {
+    t.experts = c.moe.n_routed / world;
+    t.expert0 = rank * t.experts;
+    t.expert_inter0 = 0;
+    t.expert_intermediate = c.moe.expert_intermediate;
+  } else {
+    t.experts = c.moe.n_routed;
+    split(c.moe.expert_intermediate, &t.expert_inter0, &t.expert_intermediate);
+  }
   split(c.moe.n_shared * c.moe.expert_intermediate, &t.shared_inter0, &t.shared_intermediate);
 
   const int64_t hd = c.head_dim;
@@ -123,8 +137,8 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     if (l.sparse) {
       o.moe.router = l.moe.router;
       o.moe.correction_bias = l.moe.correction_bias;
-      for (const GatedMlpWeights& x : l.moe.experts) {
-        o.moe.experts.push_back(mlp(x, t.expert_inter0, t.expert_intermediate));
+      for (int x = t.expert0; x < t.expert0 + t.experts; ++x) {
+        o.moe.experts.push_back(mlp(l.moe.experts[x], t.expert_inter0, t.expert_intermediate));
       }
       o.moe.shared = mlp(l.moe.shared, t.shared_inter0, t.shared_intermediate);
     } else {

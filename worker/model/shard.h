@@ -13,11 +13,19 @@
 
 namespace ringlane::worker {
 
+struct ShardOptions {
+  // MoE models: each rank holds n_routed / world whole experts (expert
+  // parallel) instead of every expert's slice of columns (tensor parallel).
+  // Attention, shared experts and dense layers stay tensor-parallel.
+  bool expert_parallel = false;
+};
+
 // The part of `full` that rank `rank` of `world` holds. InvalidArgument when
-// the model cannot be split that way (heads, KV heads or vocabulary not
-// divisible, or more ranks than heads).
+// the model cannot be split that way (heads, KV heads, vocabulary or, expert
+// parallel, routed experts not divisible, or more ranks than heads).
 absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
-    std::shared_ptr<const ModelWeights> full, int rank, int world);
+    std::shared_ptr<const ModelWeights> full, int rank, int world,
+    const ShardOptions& options = {});
 
 }  // namespace ringlane::worker
 

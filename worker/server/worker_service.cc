@@ -67,6 +67,7 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_max_context_tokens(config_.max_position);
   info->set_tp_rank(id_.rank);
   info->set_tp_world_size(id_.world_size);
+  info->set_moe_sharding(id_.moe_sharding);
   info->set_kv_pool_blocks(kv_pool_.num_blocks);
   info->set_block_size_tokens(kv_pool_.block_size);
   info->set_kv_block_bytes(kv_block_bytes_);

@@ -35,6 +35,8 @@ struct WorkerIdentity {
   // on each rank): the kvstore keeps one copy under a rank-shared key, which
   // rank 0 alone writes and every rank reads.
   bool kv_rank_shared = false;
+  // WorkerInfo.moe_sharding: "tp", "ep", or "" without MoE.
+  std::string moe_sharding;
 };
 
 // What shapes a block's bytes beyond the fields of BlockKey: the backend and

@@ -481,6 +481,7 @@ void CpuOps::WeightedRowSum(const float* y, const float* weights, int k, int64_t
     std::fill(o, o + dim, 0.0f);
     for (int s = 0; s < k; ++s) {
       const float w = weights[t * k + s];
+      if (w == 0.0f) continue;
       const float* ys = y + (t * k + s) * dim;
       for (int64_t d = 0; d < dim; ++d) o[d] = o[d] + w * ys[d];
     }
