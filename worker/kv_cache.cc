@@ -220,42 +220,13 @@ void KvCache::Store(int32_t block, int slot, int layer, int kv, const float* src
 
 void KvCache::Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
                      float* dst, int64_t ld) const {
-  const int bs = spec_.block_size;
   for (int64_t pos = 0; pos < n; ++pos) {
-    const uint8_t* base = BlockData(block_ids[pos / bs]);
-    const int slot = static_cast<int>(pos % bs);
-    if (packed()) {
-      GatherPacked(base + (int64_t{layer} * bs + slot) * row_bytes_, 0, head_dim_, dst + pos * ld);
-      continue;
-    }
-    const uint8_t* src = base + ElemOffset(layer, kv, slot, head);
-    float* d = dst + pos * ld;
-    switch (spec_.dtype) {
-      case DType::kF32:
-        std::memcpy(d, src, head_dim_ * sizeof(float));
-        break;
-      case DType::kBF16: {
-        auto* s = reinterpret_cast<const uint16_t*>(src);
-        for (int i = 0; i < head_dim_; ++i) d[i] = Bf16ToFloat(s[i]);
-        break;
-      }
-      case DType::kF16: {
-        auto* s = reinterpret_cast<const uint16_t*>(src);
-        for (int i = 0; i < head_dim_; ++i) d[i] = F16ToFloat(s[i]);
-        break;
-      }
-      case DType::kFP8E4M3: {
-        float scale;
-        std::memcpy(&scale, base + ScaleOffset(layer, kv, slot, head), sizeof(float));
-        for (int i = 0; i < head_dim_; ++i) d[i] = fp8_lut_[src[i]] * scale;
-        break;
-      }
-    }
+    ReadRow(block_ids, pos, layer, kv, head, 0, head_dim_, dst + pos * ld);
   }
 }
 
-void KvCache::ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int col0,
-                         int cols, float* dst) const {
+void KvCache::ReadRow(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int kv, int head,
+                      int col0, int cols, float* dst) const {
   const int bs = spec_.block_size;
   const uint8_t* base = BlockData(block_ids[pos / bs]);
   const int slot = static_cast<int>(pos % bs);
@@ -263,7 +234,7 @@ void KvCache::ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int l
     GatherPacked(base + (int64_t{layer} * bs + slot) * row_bytes_, col0, cols, dst);
     return;
   }
-  const uint8_t* src = base + ElemOffset(layer, 0, slot, 0) + int64_t{col0} * esize_;
+  const uint8_t* src = base + ElemOffset(layer, kv, slot, head) + int64_t{col0} * esize_;
   switch (spec_.dtype) {
     case DType::kF32:
       std::memcpy(dst, src, cols * sizeof(float));
@@ -279,9 +250,8 @@ void KvCache::ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int l
       break;
     }
     case DType::kFP8E4M3: {
-      // The unpacked FP8 layout (no split): one scale per row.
       float scale;
-      std::memcpy(&scale, base + ScaleOffset(layer, 0, slot, 0), sizeof(float));
+      std::memcpy(&scale, base + ScaleOffset(layer, kv, slot, head), sizeof(float));
       for (int i = 0; i < cols; ++i) dst[i] = fp8_lut_[src[i]] * scale;
       break;
     }
@@ -290,15 +260,16 @@ void KvCache::ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int l
 
 void KvCache::GatherColumns(absl::Span<const int32_t> block_ids, int64_t n, int layer, int col0,
                             int cols, float* dst, int64_t ld) const {
-  for (int64_t pos = 0; pos < n; ++pos)
-    ReadLatent(block_ids, pos, layer, col0, cols, dst + pos * ld);
+  for (int64_t pos = 0; pos < n; ++pos) {
+    ReadRow(block_ids, pos, layer, 0, 0, col0, cols, dst + pos * ld);
+  }
 }
 
 void KvCache::GatherPositions(absl::Span<const int32_t> block_ids,
                               absl::Span<const int32_t> positions, int layer, int col0, int cols,
                               float* dst, int64_t ld) const {
   for (size_t i = 0; i < positions.size(); ++i) {
-    ReadLatent(block_ids, positions[i], layer, col0, cols, dst + static_cast<int64_t>(i) * ld);
+    ReadRow(block_ids, positions[i], layer, 0, 0, col0, cols, dst + static_cast<int64_t>(i) * ld);
   }
 }
 

@@ -100,9 +100,10 @@ class KvCache {
   bool packed() const { return split_.latent > 0 && spec_.dtype == DType::kFP8E4M3; }
   void StorePacked(uint8_t* dst, const float* src) const;
   void GatherPacked(const uint8_t* src, int col0, int cols, float* dst) const;
-  // One position's columns of a latent cache row.
-  void ReadLatent(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int col0, int cols,
-                  float* dst) const;
+  // Columns [col0, col0 + cols) of one position's (layer, kv, head) row,
+  // converted to float: what every gather reads through.
+  void ReadRow(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int kv, int head,
+               int col0, int cols, float* dst) const;
 
   int64_t ElemOffset(int layer, int kv, int slot, int head) const;
   int64_t ScaleOffset(int layer, int kv, int slot, int head) const;

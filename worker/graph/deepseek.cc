@@ -44,14 +44,6 @@ constexpr float kIndexerNormEps = 1e-6f;
 // kv_a_layernorm with their norm's default epsilon, not rms_norm_eps.
 constexpr float kLatentNormEps = 1e-6f;
 
-Matrix Rows(const Matrix& m, int64_t r0, int64_t n) {
-  Matrix v = m;
-  v.data = m.Row(r0);
-  v.rows = n;
-  v.row_offset = m.row_offset + r0;
-  return v;
-}
-
 float SoftmaxScale(const ModelConfig& c) {
   const double mscale = YarnSoftmaxMscale(c.rope_scaling);
   const double qk = c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim;
@@ -70,11 +62,11 @@ DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
   const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
   for (const LayerWeights& w : model_->layers) {
     LayerViews v;
-    v.kv_a_latent = Rows(w.mla.wkv_a, 0, m.kv_lora_rank);
-    v.kv_a_rope = Rows(w.mla.wkv_a, m.kv_lora_rank, m.qk_rope_head_dim);
+    v.kv_a_latent = w.mla.wkv_a.Rows(0, m.kv_lora_rank);
+    v.kv_a_rope = w.mla.wkv_a.Rows(m.kv_lora_rank, m.qk_rope_head_dim);
     for (int h = 0; h < shard_.heads; ++h) {
-      v.uk.push_back(Rows(w.mla.wkv_b, h * nv, m.qk_nope_head_dim));
-      v.uv.push_back(Rows(w.mla.wkv_b, h * nv + m.qk_nope_head_dim, m.v_head_dim));
+      v.uk.push_back(w.mla.wkv_b.Rows(h * nv, m.qk_nope_head_dim));
+      v.uv.push_back(w.mla.wkv_b.Rows(h * nv + m.qk_nope_head_dim, m.v_head_dim));
     }
     views_.push_back(std::move(v));
   }

@@ -145,6 +145,22 @@ struct Matrix {
   const uint8_t* Row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + r * row_stride_bytes;
   }
+  // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
+  // the same memory (block scales still index the whole stored tensor).
+  Matrix Rows(int64_t r0, int64_t n) const {
+    Matrix v = *this;
+    v.data = Row(r0);
+    v.rows = n;
+    v.row_offset = row_offset + r0;
+    return v;
+  }
+  Matrix Cols(int64_t c0, int64_t n) const {
+    Matrix v = *this;
+    v.data = static_cast<const uint8_t*>(data) + c0 * static_cast<int64_t>(DTypeSize(dtype));
+    v.cols = n;
+    v.col_offset = col_offset + c0;
+    return v;
+  }
   // Block scale for element (r, c) of this view; 1 when there is none.
   float ScaleAt(int64_t r, int64_t c) const {
     if (scale == nullptr) return 1.0f;

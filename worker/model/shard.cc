@@ -6,27 +6,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ringlane::worker {
-namespace {
-
-// Rows [r0, r0 + n) of m.
-Matrix RowSlice(const Matrix& m, int64_t r0, int64_t n) {
-  Matrix v = m;
-  v.data = m.Row(r0);
-  v.rows = n;
-  v.row_offset = m.row_offset + r0;
-  return v;
-}
-
-// Columns [c0, c0 + n) of m.
-Matrix ColSlice(const Matrix& m, int64_t c0, int64_t n) {
-  Matrix v = m;
-  v.data = static_cast<const uint8_t*>(m.data) + c0 * static_cast<int64_t>(DTypeSize(m.dtype));
-  v.cols = n;
-  v.col_offset = m.col_offset + c0;
-  return v;
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     std::shared_ptr<const ModelWeights> full, int rank, int world, const ShardOptions& options) {
@@ -99,16 +78,16 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
   split(c.moe.n_shared * c.moe.expert_intermediate, &t.shared_inter0, &t.shared_intermediate);
 
   const int64_t hd = c.head_dim;
-  s->embed = RowSlice(full->embed, t.vocab0, t.vocab);
-  s->lm_head = RowSlice(full->lm_head, t.vocab0, t.vocab);
+  s->embed = full->embed.Rows(t.vocab0, t.vocab);
+  s->lm_head = full->lm_head.Rows(t.vocab0, t.vocab);
   s->final_norm = full->final_norm;
   // Megatron's column-then-row split of a gated MLP over [i0, i0 + n).
   auto mlp = [](const GatedMlpWeights& g, int i0, int n) {
     GatedMlpWeights o;
     if (g.w_gate.data == nullptr) return o;  // absent (no shared experts)
-    o.w_gate = RowSlice(g.w_gate, i0, n);
-    o.w_up = RowSlice(g.w_up, i0, n);
-    o.w_down = ColSlice(g.w_down, i0, n);
+    o.w_gate = g.w_gate.Rows(i0, n);
+    o.w_up = g.w_up.Rows(i0, n);
+    o.w_down = g.w_down.Cols(i0, n);
     return o;
   };
   const MlaConfig& m = c.mla;
@@ -124,15 +103,15 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
       // whole (the down projections are small) and keeps its heads' rows of
       // the up projections.
       o.mla = l.mla;
-      o.mla.wq_b = RowSlice(l.mla.wq_b, t.head0 * qk, t.heads * qk);
-      o.mla.wkv_b = RowSlice(l.mla.wkv_b, t.head0 * nv, t.heads * nv);
-      o.mla.wo = ColSlice(l.mla.wo, t.head0 * m.v_head_dim, t.heads * m.v_head_dim);
+      o.mla.wq_b = l.mla.wq_b.Rows(t.head0 * qk, t.heads * qk);
+      o.mla.wkv_b = l.mla.wkv_b.Rows(t.head0 * nv, t.heads * nv);
+      o.mla.wo = l.mla.wo.Cols(t.head0 * m.v_head_dim, t.heads * m.v_head_dim);
       o.indexer = l.indexer;
     } else {
-      o.attn.wq = RowSlice(l.attn.wq, t.head0 * hd, t.heads * hd);
-      o.attn.wk = RowSlice(l.attn.wk, t.kv_head0 * hd, t.kv_heads * hd);
-      o.attn.wv = RowSlice(l.attn.wv, t.kv_head0 * hd, t.kv_heads * hd);
-      o.attn.wo = ColSlice(l.attn.wo, t.head0 * hd, t.heads * hd);
+      o.attn.wq = l.attn.wq.Rows(t.head0 * hd, t.heads * hd);
+      o.attn.wk = l.attn.wk.Rows(t.kv_head0 * hd, t.kv_heads * hd);
+      o.attn.wv = l.attn.wv.Rows(t.kv_head0 * hd, t.kv_heads * hd);
+      o.attn.wo = l.attn.wo.Cols(t.head0 * hd, t.heads * hd);
     }
     if (l.sparse) {
       o.moe.router = l.moe.router;
