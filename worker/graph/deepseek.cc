@@ -196,7 +196,8 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
     iq.key_offset = C + R;
     // The published score's constant factors: they scale every score of a
     // row alike, so they never change the choice, only its rounding.
-    iq.weight_scale = static_cast<float>(1.0 / std::sqrt(double{IH}) / std::sqrt(double{I}));
+    iq.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)) /
+                                         std::sqrt(static_cast<double>(I)));
     selected_.resize(T * ix.topk);
     selected_count_.resize(T);
     ops->IndexerSelect(layer, iq, ix.dense_window, ix.topk, selected_.data(),
