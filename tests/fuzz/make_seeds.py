@@ -192,6 +192,57 @@ put("safetensors_fuzz", "config_untied", b"\x01" + json.dumps(config).encode() +
     safetensors(tiny_model(tied=False, inter=12, kv_heads=2, vocab=10)))
 put("safetensors_fuzz", "empty_header", b"\x00" + struct.pack("<Q", 8) + b"{}      ")
 
+
+def tiny_glm5():
+    """glm_moe_dsa: a dense then a MoE layer, latent attention, an indexer with
+    GLM-5.2 sharing (layer 1 shared, so no indexer tensors), YaRN."""
+    h, heads, ql, kl, nope, rope, v, ih, idim, e, einter = 8, 2, 4, 4, 2, 2, 2, 2, 4, 4, 2
+    config = {"model_type": "glm_moe_dsa", "hidden_size": h, "intermediate_size": 12,
+              "num_hidden_layers": 2, "num_attention_heads": heads, "vocab_size": 16,
+              "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "q_lora_rank": ql,
+              "kv_lora_rank": kl, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+              "v_head_dim": v, "n_routed_experts": e, "n_shared_experts": 1,
+              "num_experts_per_tok": 2, "moe_intermediate_size": einter, "n_group": 2,
+              "topk_group": 1, "mlp_layer_types": ["dense", "sparse"], "index_topk": 2,
+              "index_n_heads": ih, "index_head_dim": idim, "indexer_types": ["full", "shared"],
+              "rope_theta": 10000.0,
+              "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                               "original_max_position_embeddings": 16},
+              "tie_word_embeddings": True}
+    t = [("model.embed_tokens.weight", [16, h]), ("model.norm.weight", [h])]
+    for l in range(2):
+        p = f"model.layers.{l}."
+        t += [(p + "input_layernorm.weight", [h]), (p + "post_attention_layernorm.weight", [h]),
+              (p + "self_attn.q_a_proj.weight", [ql, h]), (p + "self_attn.q_a_layernorm.weight", [ql]),
+              (p + "self_attn.q_b_proj.weight", [heads * (nope + rope), ql]),
+              (p + "self_attn.kv_a_proj_with_mqa.weight", [kl + rope, h]),
+              (p + "self_attn.kv_a_layernorm.weight", [kl]),
+              (p + "self_attn.kv_b_proj.weight", [heads * (nope + v), kl]),
+              (p + "self_attn.o_proj.weight", [h, heads * v])]
+        if l == 0:
+            t += [(p + "self_attn.indexer.wq_b.weight", [ih * idim, ql]),
+                  (p + "self_attn.indexer.wk.weight", [idim, h]),
+                  (p + "self_attn.indexer.k_norm.weight", [idim]),
+                  (p + "self_attn.indexer.k_norm.bias", [idim]),
+                  (p + "self_attn.indexer.weights_proj.weight", [ih, h]),
+                  (p + "mlp.gate_proj.weight", [12, h]), (p + "mlp.up_proj.weight", [12, h]),
+                  (p + "mlp.down_proj.weight", [h, 12])]
+        else:
+            t += [(p + "mlp.gate.weight", [e, h]), (p + "mlp.gate.e_score_correction_bias", [e])]
+            for x in range(e):
+                q = f"{p}mlp.experts.{x}."
+                t += [(q + "gate_proj.weight", [einter, h]), (q + "up_proj.weight", [einter, h]),
+                      (q + "down_proj.weight", [h, einter])]
+            t += [(p + "mlp.shared_experts.gate_proj.weight", [einter, h]),
+                  (p + "mlp.shared_experts.up_proj.weight", [einter, h]),
+                  (p + "mlp.shared_experts.down_proj.weight", [h, einter])]
+    return config, t
+
+
+glm_config, glm_tensors = tiny_glm5()
+put("safetensors_fuzz", "config_glm_moe_dsa", b"\x01" + json.dumps(glm_config).encode() + b"\0" +
+    safetensors(glm_tensors, dtype="BF16"))
+
 # ---- round_plan_fuzz: streams of RoundPlans (stories260K: vocab 512, 16 KV
 # blocks of 4 positions) -------------------------------------------------------
 GREEDY = "sampling { temperature: 0 seed: 1 }"
