@@ -55,6 +55,9 @@ CASES = {
     # choice (and has no indexer weights), layer 2 chooses again.
     "glm_moe_dsa_sparse_shared": (["--preset=glm5-tiny", "--indexer_types=FSF", "--seed=17"],
                                   300, 64, 64),
+    # Decode: one token a round (each a decode step over the cache), past the
+    # window, against the same reference prefill.
+    "glm_moe_dsa_decode_steps": (["--preset=glm5-tiny", "--seed=23"], 160, 1, 48),
     # Two thousand tokens, sparse beyond 1024 with the indexer picking 64.
     "glm_moe_dsa_sparse_2k": (["--preset=glm5-tiny", "--index_topk=64", "--seed=19"], 2000,
                               256, 1024),
