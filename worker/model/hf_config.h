@@ -1,8 +1,9 @@
-// Reads a Hugging Face `config.json` for the Llama-style dense families the
-// engine runs (llama, mistral, qwen2 without attention bias) into a
-// ModelConfig, and refuses anything it would otherwise run wrongly (MoE, other
-// activations, unknown RoPE scaling, other quantization schemes). Pure
-// functions; safe from any thread.
+// Reads a Hugging Face `config.json` into a ModelConfig: the Llama-style dense
+// families (llama, mistral, qwen2 without attention bias) and the DeepSeek-V3
+// family (deepseek_v3, deepseek_v32, glm_moe_dsa: MLA, MoE, the DSA indexer,
+// YaRN), and refuses anything it would otherwise run wrongly (other MoE
+// layouts, other activations, unknown RoPE scaling, other quantization
+// schemes). Pure functions; safe from any thread.
 #ifndef RINGLANE_WORKER_MODEL_HF_CONFIG_H_
 #define RINGLANE_WORKER_MODEL_HF_CONFIG_H_
 
