@@ -22,7 +22,7 @@ PROMPT ?=
 SPEC_DRAFTERS ?= ngram,suffix
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
-	fuzz fuzz-smoke bench kvstore-bench soak monitor image-cpu image-cuda format clean
+	fuzz fuzz-smoke bench bench-context kvstore-bench soak monitor image-cpu image-cuda format clean
 
 all: build
 
@@ -114,6 +114,14 @@ bench: build
 	@test -f $(BUILD)/models/synth-1b1-fp8/config.json || \
 	  $(BUILD)/tools/ringlane-synth-model --preset=1b1 --out=$(BUILD)/models/synth-1b1-fp8
 	@$(BUILD)/tools/ringlane-engine-bench --model=$(BUILD)/models/synth-1b1-fp8
+
+# Issue 16's decode at long context, dense against DSA, and KV bytes per token,
+# on GLM-5's attention widths (written once to build/models/glm5-small).
+bench-context: build
+	@test -f $(BUILD)/models/glm5-small/config.json || \
+	  $(BUILD)/tools/ringlane-synth-model --preset=glm5-small --out=$(BUILD)/models/glm5-small
+	@$(BUILD)/tools/ringlane-context-bench --model=$(BUILD)/models/glm5-small \
+	  --contexts=4096,16384,65536 --steps=3
 
 # Issue 14's time to first token: cold, device pool, kvstore DRAM, kvstore disk.
 kvstore-bench: build
