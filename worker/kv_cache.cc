@@ -258,10 +258,10 @@ void KvCache::ReadRow(absl::Span<const int32_t> block_ids, int64_t pos, int laye
   }
 }
 
-void KvCache::GatherColumns(absl::Span<const int32_t> block_ids, int64_t n, int layer, int col0,
-                            int cols, float* dst, int64_t ld) const {
-  for (int64_t pos = 0; pos < n; ++pos) {
-    ReadRow(block_ids, pos, layer, 0, 0, col0, cols, dst + pos * ld);
+void KvCache::GatherColumns(absl::Span<const int32_t> block_ids, int64_t first, int64_t n,
+                            int layer, int col0, int cols, float* dst, int64_t ld) const {
+  for (int64_t i = 0; i < n; ++i) {
+    ReadRow(block_ids, first + i, layer, 0, 0, col0, cols, dst + i * ld);
   }
 }
 

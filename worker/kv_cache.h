@@ -81,13 +81,13 @@ class KvCache {
               float* dst, int64_t ld) const;
 
   // Latent caches: columns [col0, col0 + cols) of the rows of positions
-  // [0, n) (GatherColumns) or of the listed positions, in order
+  // [first, first + n) (GatherColumns) or of the listed positions, in order
   // (GatherPositions), to dst rows of `ld` floats. With the packed FP8 layout
   // the range must be whole parts: the latent and rope key together, the
   // index key, or the row. Lets attention skip the indexer's keys and the
   // indexer everything else, and a sparse row read only its chosen positions.
-  void GatherColumns(absl::Span<const int32_t> block_ids, int64_t n, int layer, int col0, int cols,
-                     float* dst, int64_t ld) const;
+  void GatherColumns(absl::Span<const int32_t> block_ids, int64_t first, int64_t n, int layer,
+                     int col0, int cols, float* dst, int64_t ld) const;
   void GatherPositions(absl::Span<const int32_t> block_ids, absl::Span<const int32_t> positions,
                        int layer, int col0, int cols, float* dst, int64_t ld) const;
 

@@ -109,7 +109,10 @@ TEST(KvCache, PackedFp8LatentRoundTrips) {
     const std::vector<int32_t> blocks = {1, 3};
     std::vector<float> whole(8 * width), index(8 * 16), picked(2 * 168);
     (*pool)->Gather(blocks, 8, 0, 0, 0, whole.data(), width);
-    (*pool)->GatherColumns(blocks, 8, 0, 168, 16, index.data(), 16);
+    (*pool)->GatherColumns(blocks, 0, 8, 0, 168, 16, index.data(), 16);
+    std::vector<float> tail(3 * 16);  // positions 5, 6, 7 alone
+    (*pool)->GatherColumns(blocks, 5, 3, 0, 168, 16, tail.data(), 16);
+    for (int i = 0; i < 3 * 16; ++i) EXPECT_EQ(tail[i], index[5 * 16 + i]);
     (*pool)->GatherPositions(blocks, std::vector<int32_t>{6, 2}, 0, 0, 168, picked.data(), 168);
     for (int p = 0; p < 8; ++p)
       for (int i = 0; i < 16; ++i) EXPECT_EQ(index[p * 16 + i], whole[p * width + 168 + i]);

@@ -152,13 +152,12 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
   if (QL > 0) {
     float* qa = ops->Scratch(kQa, T * QL);
     qa_normed = ops->Scratch(kQaNormed, T * QL);
-    std::vector<MatMulTarget> down = {
-        {&a.wq_a, qa, QL}, {&v.kv_a_latent, latent, C}, {&v.kv_a_rope, rope_key, R}};
-    if (full) {
-      down.push_back({&iw.wk, index_key_raw, I});
-      down.push_back({&iw.weights_proj, index_weights, IH});
-    }
-    ops->MatMulShared(down, xb, D, rows);
+    const MatMulTarget down[] = {{&a.wq_a, qa, QL},
+                                 {&v.kv_a_latent, latent, C},
+                                 {&v.kv_a_rope, rope_key, R},
+                                 {&iw.wk, index_key_raw, I},
+                                 {&iw.weights_proj, index_weights, IH}};
+    ops->MatMulShared(absl::MakeConstSpan(down, full ? 5 : 3), xb, D, rows);
     ops->RmsNorm(qa, a.q_a_norm, QL, kLatentNormEps, qa_normed, rows);
     ops->MatMul(a.wq_b, qa_normed, QL, rows, q, int64_t{H} * QK);
   } else {

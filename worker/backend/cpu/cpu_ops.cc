@@ -261,7 +261,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     if (sc.size() < static_cast<size_t>(n_scores)) sc.resize(n_scores);
     if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
     // Read back in the stored dtype, this round's rows too, as decode will.
-    kv_->GatherColumns(seq.block_ids, n_dense, layer, 0, W, kb.data(), W);
+    kv_->GatherColumns(seq.block_ids, 0, n_dense, layer, 0, W, kb.data(), W);
     for (int64_t j = 0; j < n_dense; ++j)
       for (int d = 0; d < W; ++d) kt[d * n_dense + j] = kb[j * W + d];
     const int64_t ld_lat = int64_t{lh.heads} * C;
@@ -351,10 +351,8 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
     const int64_t tasks = (n_ctx + kKeysPerTask - 1) / kKeysPerTask;
     pool_->ParallelFor(tasks, [&](int64_t task, int) {
       const int64_t j0 = task * kKeysPerTask, j1 = std::min(n_ctx, j0 + kKeysPerTask);
-      std::vector<int32_t> positions(j1 - j0);
-      std::iota(positions.begin(), positions.end(), static_cast<int32_t>(j0));
-      kv_->GatherPositions(seq.block_ids, positions, layer, iq.key_offset, I,
-                           index_keys_.data() + j0 * I, I);
+      kv_->GatherColumns(seq.block_ids, j0, j1 - j0, layer, iq.key_offset, I,
+                         index_keys_.data() + j0 * I, I);
       for (int64_t j = j0; j < j1; ++j)
         for (int d = 0; d < I; ++d) index_kt_[d * n_ctx + j] = index_keys_[j * I + d];
     });
