@@ -86,7 +86,8 @@ ABSL_FLAG(int, kvstore_max_offloads_per_round, 256,
 ABSL_FLAG(std::string, spec_drafters, "none",
           "speculative decoding's draft sources, comma-separated, in order of preference: "
           "ngram (prompt lookup), suffix (suffix decoding, per request and over recent outputs), "
-          "random (always wrong; for benchmarks); none = off (make serve turns on ngram,suffix). "
+          "random (always wrong; for benchmarks), model (the workers' draft model: start rank 0 "
+          "with --draft_model); none = off (make serve turns on ngram,suffix). "
           "Output is identical either way");
 ABSL_FLAG(int, spec_max_drafts, 8, "most draft tokens per decode step (1..64)");
 ABSL_FLAG(bool, spec_adaptive, true,

@@ -142,6 +142,19 @@ absl::StatusOr<GroupMetrics> Router::OnGroupConnected(size_t index, const v1::Wo
     return absl::FailedPreconditionError(
         "the workers advertise no sampling limits (WorkerInfo.limits): an older worker?");
   }
+  if (!speculators_.empty()) {
+    const auto& names = speculators_[index]->source_names();
+    if (std::find(names.begin(), names.end(), "model") != names.end()) {
+      if (info.max_proposed_drafts() <= 0) {
+        RL_LOG(WARNING) << "group " << index
+                        << ": --spec_drafters names model, but its workers run no draft model "
+                           "(start rank 0 with --draft_model); that source stays silent";
+      } else {
+        RL_LOG(INFO) << "group " << index << ": draft model " << info.draft_model_id()
+                     << " proposes up to " << info.max_proposed_drafts() << " tokens";
+      }
+    }
+  }
   absl::MutexLock l(&info_mu_);
   if (!model_) {
     ModelDescription m;

@@ -4,7 +4,9 @@
 // drafter on (at fixed depth, so that every decode step verifies drafts),
 // with the adaptive default, and with five requests at once all
 // speculating. Greedy and seeded sampling at temperature 0.8 with top-p and
-// penalties; the golden cases of the bundled model and prompts on a
+// penalties; with the router's drafters and with a draft model run by the
+// workers (the target itself, and a random model); the golden cases of the
+// bundled model and prompts on a
 // synthetic FP8 model and GLM-5's family past its DSA window. The router's
 // metrics must show that drafts were verified, accepted and (for the random
 // drafter) rejected, so the test cannot pass by not speculating.
@@ -37,6 +39,10 @@ struct Config {
   std::vector<std::string> flags;
   bool expect_accepted;
   bool expect_rejected;
+  // Rank 0 runs a draft model: the target itself (its greedy continuation,
+  // so drafts are often right), or a random model with its vocabulary
+  // (nearly always wrong).
+  enum class Draft { kNone, kSelf, kRandom, kLayers } draft = Draft::kNone;
 };
 
 const std::vector<Config>& Configs() {
@@ -49,6 +55,27 @@ const std::vector<Config>& Configs() {
        false,
        true},
       {"adaptive", {"--spec_drafters=ngram,suffix"}, false, false},
+      {"model-self",
+       {"--spec_drafters=model", "--spec_adaptive=false"},
+       true,
+       false,
+       Config::Draft::kSelf},
+      {"model-random",
+       {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=3"},
+       false,
+       true,
+       Config::Draft::kRandom},
+      {"model-adaptive",
+       {"--spec_drafters=model,ngram,suffix"},
+       false,
+       false,
+       Config::Draft::kSelf},
+      // The model's own first layer as its drafter (--draft_layers).
+      {"model-layers",
+       {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=4"},
+       false,
+       true,
+       Config::Draft::kLayers},
   };
   return configs;
 }
@@ -90,10 +117,28 @@ struct Model {
   std::vector<std::vector<int32_t>> golden;
   // Whether prompt lookup's drafts are ever right on this model's outputs.
   bool ngram_accepts = true;
+  // The model's path, for the worker's --draft_model.
+  std::string path;
 };
+
+// A random model with the vocabulary (512) every model here has, and a
+// context no shorter than theirs: the nearly-always-wrong draft model.
+const std::string& RandomDraftModel() {
+  static const std::string dir = [] {
+    worker::SyntheticModelOptions o;
+    o.out_dir = ::testing::TempDir() + "/rl_spec_random_draft_" + std::to_string(getpid());
+    o.vocab = 512;
+    o.max_position = 4096;
+    o.seed = 77;
+    EXPECT_TRUE(worker::WriteSyntheticModel(o).ok());
+    return o.out_dir;
+  }();
+  return dir;
+}
 
 Model Stories() {
   Model m{"stories260K", {}, {}, {}};
+  m.path = testing::StoriesModel();
   for (bool sampled : {false, true}) {
     for (const testing::GoldenCase& g : testing::GoldenCases()) {
       m.requests.push_back(Request(g.prompt, static_cast<int>(g.ids.size()), sampled));
@@ -109,6 +154,7 @@ Model Synthetic() {
                            /*intermediate=*/256, /*vocab=*/512, /*seed=*/5);
   EXPECT_TRUE(worker::WriteSyntheticModel(o).ok());
   Model m{"synthetic-fp8", {"--model=" + o.out_dir}, {}, {}};
+  m.path = o.out_dir;
   for (bool sampled : {false, true}) {
     for (int p = 0; p < 3; ++p) {
       std::vector<int32_t> prompt;
@@ -139,7 +185,8 @@ Model DeepseekDsa() {
           {"--model=" + o->out_dir, "--dsa_dense_window=24", "--kv_dtype=fp8"},
           {},
           {},
-          /*ngram_accepts=*/false};
+          /*ngram_accepts=*/false,
+          o->out_dir};
   for (bool sampled : {false, true}) {
     for (int p = 0; p < 3; ++p) {
       std::vector<int32_t> prompt;
@@ -182,6 +229,11 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
     SCOPED_TRACE(absl::StrCat(m.name, ", speculation ", cfg.name));
     testing::ClusterOptions co;
     co.worker_flags = m.worker_flags;
+    if (cfg.draft == Config::Draft::kSelf) co.worker_flags.push_back("--draft_model=" + m.path);
+    if (cfg.draft == Config::Draft::kLayers) co.worker_flags.push_back("--draft_layers=1");
+    if (cfg.draft == Config::Draft::kRandom) {
+      co.worker_flags.push_back("--draft_model=" + RandomDraftModel());
+    }
     co.router_flags = cfg.flags;
     auto c = testing::StartCluster(co);
     ASSERT_NE(c, nullptr);
@@ -206,7 +258,7 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
                 accepted, rejected);
     if (std::string(cfg.name) == "off") {
       EXPECT_EQ(drafted, 0);
-    } else if (std::string(cfg.name) != "adaptive") {
+    } else if (std::string(cfg.name).find("adaptive") == std::string::npos) {
       EXPECT_GT(drafted, 0);
       EXPECT_EQ(drafted, accepted + rejected);
     }

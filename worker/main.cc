@@ -37,11 +37,19 @@
 #include "worker/model/model.h"
 #include "worker/model/shard.h"
 #include "worker/rendezvous/rendezvous.h"
+#include "worker/server/draft_runner.h"
 #include "worker/server/group.h"
 #include "worker/server/worker_metrics.h"
 #include "worker/server/worker_service.h"
 
 ABSL_FLAG(std::string, model, "", "model: a Hugging Face directory or a llama2.c .bin file");
+ABSL_FLAG(std::string, draft_model, "",
+          "a smaller model with the same vocabulary (Hugging Face directory or llama2.c .bin) "
+          "that rank 0 runs to propose drafts for speculative decoding (the router's "
+          "--spec_drafters=model); other ranks ignore it");
+ABSL_FLAG(int, draft_layers, 0,
+          "instead of --draft_model: rank 0 drafts with the model's own first N layers (its "
+          "embedding, final norm and head on top; a self-drafter sharing the weights); 0 = none");
 ABSL_FLAG(std::string, model_id, "",
           "model id to report; default: the model's directory or file "
           "name without extension");
@@ -175,6 +183,15 @@ int main(int argc, char** argv) {
   if (!std::filesystem::exists(model_path)) {
     ExitWithUsageError(absl::StrCat("--model: ", model_path, " does not exist"));
   }
+  const std::string draft_path = absl::GetFlag(FLAGS_draft_model);
+  if (!draft_path.empty() && !std::filesystem::exists(draft_path)) {
+    ExitWithUsageError(absl::StrCat("--draft_model: ", draft_path, " does not exist"));
+  }
+  const int draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  if (draft_layers < 0) ExitWithUsageError("--draft_layers must be >= 0");
+  if (draft_layers > 0 && !draft_path.empty()) {
+    ExitWithUsageError("--draft_model and --draft_layers are two ways to draft; give one");
+  }
   const int world = absl::GetFlag(FLAGS_world_size);
   const int rank = absl::GetFlag(FLAGS_rank);
   if (world < 1 || world > 64) ExitWithUsageError("--world_size must be in [1, 64]");
@@ -285,6 +302,18 @@ int main(int argc, char** argv) {
   }
   (*full)->config.indexer.dense_window = dense_window;
   std::shared_ptr<const rw::ModelWeights> shard(std::move(*full));
+  // The self-drafter views the whole model, so it is cut before sharding.
+  std::shared_ptr<const rw::ModelWeights> draft;
+  if (draft_layers > 0 && rank == 0) {
+    auto d = rw::FirstLayers(shard, draft_layers);
+    if (!d.ok()) {
+      RL_LOG(ERROR) << "--draft_layers: " << d.status().message();
+      return 1;
+    }
+    draft = *d;
+    RL_LOG(INFO) << "self-drafter: the model's first " << draft_layers << " of "
+                 << shard->config.layers << " layers";
+  }
   if (world > 1) {
     auto s = rw::ShardModel(shard, rank, world, {.expert_parallel = expert_parallel});
     if (!s.ok()) {
@@ -317,6 +346,35 @@ int main(int argc, char** argv) {
       static_cast<double>(block_bytes) * kv_blocks / (1 << 20), block_bytes / block_size,
       rw::IsMla(cfg) ? "latent" : "K/V",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+
+  // The draft model runs on rank 0 only, whole; the others need not load it.
+  if (!draft_path.empty() && rank == 0) {
+    RL_LOG(INFO) << "loading the draft model " << draft_path;
+    auto d = rw::LoadModel(draft_path);
+    if (!d.ok()) {
+      RL_LOG(ERROR) << "cannot load the draft model: " << d.status().message();
+      return 1;
+    }
+    (*d)->config.indexer.dense_window = dense_window;
+    const rw::ModelConfig& dc = (*d)->config;
+    if (dc.vocab != cfg.vocab) {
+      RL_LOG(ERROR) << "--draft_model: its vocabulary has " << dc.vocab << " tokens, the model's "
+                    << cfg.vocab << "; a draft model must share it";
+      return 1;
+    }
+    if (dc.max_position > 0 && dc.max_position < context) {
+      RL_LOG(ERROR) << "--draft_model: its context (" << dc.max_position
+                    << " tokens) is shorter than the model's (" << context << ")";
+      return 1;
+    }
+    if (absl::StatusOr<int64_t> b = rw::KvBlockBytes(backend, dc, (*d)->shard, pool); !b.ok()) {
+      RL_LOG(ERROR) << "--draft_model: " << b.status().message();
+      return 1;
+    }
+    RL_LOG(INFO) << absl::StrFormat("draft model %s: %d layers, %d heads, vocab %d", draft_path,
+                                    dc.layers, dc.heads, dc.vocab);
+    draft = std::shared_ptr<const rw::ModelWeights>(std::move(*d));
+  }
 
   // Metrics first, so that a port clash fails before the group forms.
   const std::string model_id =
@@ -351,6 +409,7 @@ int main(int argc, char** argv) {
   go.tcp_wait = tcp_wait;
   go.backend.kind = backend;
   go.backend.cpu.threads = threads;
+  go.draft_model = draft;
   rw::GroupMember group(shard, go);
 
   rw::WorkerIdentity id;
@@ -361,6 +420,12 @@ int main(int argc, char** argv) {
   id.rank = rank;
   id.world_size = world;
   id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
+  if (draft != nullptr) {
+    id.draft_model_id = draft_path.empty()
+                            ? absl::StrCat(model_id, " (first ", draft_layers, " layers)")
+                            : ModelId(draft_path);
+    id.max_proposed_drafts = rw::kMaxProposedDrafts;
+  }
   if (cfg.moe.n_routed > 0) id.moe_sharding = expert_parallel && world > 1 ? "ep" : "tp";
   id.kv_rank_shared =
       std::all_of(layer_caches->begin(), layer_caches->end(),

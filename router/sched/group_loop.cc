@@ -358,12 +358,26 @@ void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, doub
     hooks_.drafter->Sweep(s_);
     for (const auto& [seq, prompt_len] : sink.finished_)
       hooks_.drafter->OnFinished(seq, prompt_len);
+    DeliverProposals(result);
   }
   if (result.error().code() != 0) return;
   cost_.Observe(a.tokens, busy_us, a.attended);
   metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
   metrics_.sampling_rows->Increment(static_cast<double>(a.sampling_rows));
   RecordVerify(round.round, a);
+}
+
+void GroupLoop::DeliverProposals(const v1::RoundResult& result) {
+  for (const v1::LaneOutput& o : result.outputs()) {
+    if (o.draft_token_ids_size() == 0) continue;
+    for (const auto& lane : s_.lanes) {
+      if (lane->id != o.lane_id() || lane->gone) continue;
+      // The proposal follows the lane's sequence as this result left it.
+      hooks_.drafter->OnProposed(lane->id, static_cast<int64_t>(lane->seq.size()),
+                                 o.draft_token_ids());
+      break;
+    }
+  }
 }
 
 void GroupLoop::RecordVerify(const PlannedRound& round, const AppliedRound& applied) {

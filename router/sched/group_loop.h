@@ -138,6 +138,8 @@ class GroupLoop {
   void Apply(const InFlight& round, const ringlane::v1::RoundResult& result, double busy_us)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPlan(const PlannedRound& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the workers' draft-model proposals of `result` to the drafter.
+  void DeliverProposals(const ringlane::v1::RoundResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordVerify(const PlannedRound& round, const AppliedRound& applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string LogLine(const PlannedRound& round, int64_t in_flight) const

@@ -86,6 +86,12 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
                                       static_cast<size_t>(lane.generated_before())));
     lane.params_sent = true;
   }
+  // A row that samples may ask the workers' draft model for the lane's
+  // next drafts, which the lane's next row can carry once this one is back.
+  if (drafter_ != nullptr && opt_.max_drafts > 0 &&
+      (row->sample_last() || row->verify_offsets_size() > 0)) {
+    row->set_propose_drafts(drafter_->ProposeDepth(lane, opt_.max_drafts));
+  }
   PlannedRow r;
   r.lane = lane.id;
   r.start = lane.fed;

@@ -72,6 +72,13 @@ class Drafter {
   // The lane's seq ends with the token at position lane.fed when no row is
   // in flight (its last sampled token).
   virtual DraftDecision Plan(const Lane& lane, const DraftContext& context) = 0;
+  // How many tokens the workers' draft model should propose after the row
+  // of `lane` being planned, which samples (LaneStep.propose_drafts); 0 for
+  // none. `max_drafts`: what the lane may still use.
+  virtual int ProposeDepth(const Lane& lane, int max_drafts) { return 0; }
+  // The workers' draft model proposed `tokens` to follow the first
+  // `seq_len` tokens of the lane's sequence.
+  virtual void OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) {}
   // A verify row of `lane` carried `drafted` drafts of `source`; the
   // workers accepted the first `accepted`.
   virtual void OnVerified(LaneId lane, int source, int drafted, int accepted) {}

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "xxhash.h"
 
 namespace ringlane::router {
@@ -158,6 +159,48 @@ class RandomSource final : public DraftSource {
   const uint64_t seed_;
 };
 
+class ModelSource final : public DraftSource {
+ public:
+  const char* name() const override { return "model"; }
+  bool worker_proposed() const override { return true; }
+
+  Proposal Propose(uint64_t lane, absl::Span<const int32_t> seq, int max_drafts) override {
+    Proposal p;
+    auto it = lanes_.find(lane);
+    if (it != lanes_.end() && it->second.seq_len == static_cast<int64_t>(seq.size()) &&
+        !it->second.tokens.empty()) {
+      const auto& t = it->second.tokens;
+      p.tokens.assign(t.begin(), t.begin() + std::min<ptrdiff_t>(max_drafts, t.size()));
+      return p;
+    }
+    // Not proposed yet for this sequence: it will be once the row in
+    // flight returns, about as deep as the last proposal.
+    const int expect =
+        it == lanes_.end() || it->second.last_depth <= 0 ? max_drafts : it->second.last_depth;
+    p.tokens.assign(static_cast<size_t>(std::clamp(expect, 0, max_drafts)), -1);
+    p.pending = true;
+    return p;
+  }
+
+  void OnProposed(uint64_t lane, int64_t seq_len, absl::Span<const int32_t> tokens) override {
+    Kept& k = lanes_[lane];
+    k.seq_len = seq_len;
+    k.tokens.assign(tokens.begin(), tokens.end());
+    if (!tokens.empty()) k.last_depth = static_cast<int>(tokens.size());
+  }
+
+  void Forget(uint64_t lane) override { lanes_.erase(lane); }
+  size_t lanes() const override { return lanes_.size(); }
+
+ private:
+  struct Kept {
+    int64_t seq_len = -1;
+    std::vector<int32_t> tokens;
+    int last_depth = 0;
+  };
+  absl::flat_hash_map<uint64_t, Kept> lanes_;
+};
+
 }  // namespace
 
 void SuffixCache::Add(std::vector<int32_t> tokens) {
@@ -194,11 +237,12 @@ std::unique_ptr<DraftSource> MakeDraftSource(const std::string& name,
   if (name == "ngram") return std::make_unique<NgramSource>(options);
   if (name == "suffix") return std::make_unique<SuffixSource>(options, std::move(cache));
   if (name == "random") return std::make_unique<RandomSource>(options);
+  if (name == "model") return std::make_unique<ModelSource>();
   return nullptr;
 }
 
 const std::vector<std::string>& DraftSourceNames() {
-  static const std::vector<std::string> names = {"ngram", "suffix", "random"};
+  static const std::vector<std::string> names = {"ngram", "suffix", "random", "model"};
   return names;
 }
 

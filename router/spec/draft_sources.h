@@ -14,6 +14,9 @@
 //   suffix_depth_factor): agent loops repeat themselves across turns.
 // - random: uniform tokens of the vocabulary, nearly always wrong; the
 //   stand-in for a bad draft model that shows adaptive depth backing off.
+// - model: the proposals of the workers' draft model (the worker's
+//   --draft_model), delivered with a round's result (OnProposed) and good
+//   for the lane's next row only if they follow exactly its sequence.
 #ifndef RINGLANE_ROUTER_SPEC_DRAFT_SOURCES_H_
 #define RINGLANE_ROUTER_SPEC_DRAFT_SOURCES_H_
 
@@ -54,6 +57,10 @@ struct Proposal {
   std::vector<int32_t> tokens;
   // Context tokens the proposal matched (0 for sources that do not match).
   int match_length = 0;
+  // The source will have drafts only once the lane's row in flight has
+  // returned (the workers' draft model): `tokens` holds placeholders, as
+  // many as it expects to propose, for deciding whether to wait for them.
+  bool pending = false;
 };
 
 class DraftSource {
@@ -64,6 +71,12 @@ class DraftSource {
   // so far). `lane` keys the source's per-lane state.
   virtual Proposal Propose(uint64_t lane, absl::Span<const int32_t> seq, int max_drafts) = 0;
   virtual void Forget(uint64_t lane) {}
+  // Sources the workers draft for: how many tokens to ask the workers to
+  // propose after a row of `lane` (0: this source asks for none).
+  virtual bool worker_proposed() const { return false; }
+  // The workers proposed `tokens` to follow the first `seq_len` tokens of
+  // the lane's sequence.
+  virtual void OnProposed(uint64_t lane, int64_t seq_len, absl::Span<const int32_t> tokens) {}
   // A lane finished: `seq` is its prompt and output, of which the first
   // `prompt_len` tokens are the prompt.
   virtual void Finished(absl::Span<const int32_t> seq, int64_t prompt_len) {}
@@ -93,7 +106,7 @@ class SuffixCache {
   const int64_t max_tokens_;
 };
 
-// `name` is ngram, suffix or random; null for another name. `cache` is used
+// `name` is ngram, suffix, random or model; null for another name. `cache` is used
 // by suffix only.
 std::unique_ptr<DraftSource> MakeDraftSource(const std::string& name,
                                              const DraftSourceOptions& options,

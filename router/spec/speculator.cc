@@ -67,7 +67,10 @@ Speculator::Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<Dr
     : o_(std::move(options)),
       sources_(std::move(sources)),
       global_(sources_.size() * kMatchClasses) {
-  for (const auto& s : sources_) names_.push_back(s->name());
+  for (const auto& s : sources_) {
+    if (s->worker_proposed()) model_source_ = static_cast<int>(names_.size());
+    names_.push_back(s->name());
+  }
 }
 
 double Speculator::GlobalAcceptance(int rate) const {
@@ -122,6 +125,8 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   for (size_t s = 0; s < sources_.size(); ++s) {
     Proposal prop = sources_[s]->Propose(lane.id, lane.seq, cap);
     if (prop.tokens.empty()) continue;
+    // Placeholders count only for deciding whether to wait for them.
+    if (prop.pending && !ctx.row_in_flight) continue;
     const int cls = MatchClass(prop.match_length);
     const double a = Acceptance(ls, static_cast<int>(s) * kMatchClasses + cls);
     int k = 0;
@@ -141,6 +146,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
       best_tokens = std::move(prop.tokens);
     }
   }
+  ls.model_chosen = false;
   if (best < 0) {
     ++ls.rows_since_draft;
     return d;
@@ -158,6 +164,8 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     probe = true;
     best_k = std::min<int>(kProbeDepth, static_cast<int>(best_tokens.size()));
   }
+  ls.model_chosen = best == model_source_;
+  ls.model_depth = best_k;
   if (ctx.row_in_flight) {
     d.wait = true;
     return d;
@@ -169,6 +177,28 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   d.tokens = std::move(best_tokens);
   d.source = best;
   return d;
+}
+
+int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
+  const PreparedRequest& p = lane.req->p;
+  if (model_source_ < 0 || !p.speculative) return 0;
+  int cap = std::min(max_drafts, o_.max_drafts);
+  if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
+  if (cap <= 0) return 0;
+  auto it = lanes_.find(lane.id);
+  // A new lane gets a full proposal: its first decision learns from it.
+  if (!o_.adaptive || it == lanes_.end()) return cap;
+  const LaneSpec& ls = it->second;
+  // Proposals cost the workers draft passes: ask only where the lane's next
+  // decision may use them (it chose the model, or a probe is due), one
+  // deeper than it last used so that depth can grow.
+  if (ls.model_chosen) return std::clamp(ls.model_depth + 1, std::min(kProbeDepth, cap), cap);
+  if (ls.rows_since_draft >= ls.probe_interval) return std::min(kProbeDepth, cap);
+  return 0;
+}
+
+void Speculator::OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) {
+  if (model_source_ >= 0) sources_[model_source_]->OnProposed(lane, seq_len, tokens);
 }
 
 void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) {

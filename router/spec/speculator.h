@@ -65,6 +65,8 @@ class Speculator final : public Drafter {
                                                             std::shared_ptr<SuffixCache> cache);
 
   DraftDecision Plan(const Lane& lane, const DraftContext& context) override;
+  int ProposeDepth(const Lane& lane, int max_drafts) override;
+  void OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) override;
   void OnVerified(LaneId lane, int source, int drafted, int accepted) override;
   void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) override;
   void Sweep(const SchedState& state) override;
@@ -95,6 +97,10 @@ class Speculator final : public Drafter {
     int drafted_class = 0;   // of the row in flight
     int probe_interval = 0;  // 0 until the lane's first decision
     bool probing = false;
+    // The workers' draft model was the lane's choice at its last decision
+    // (to draft or to wait for drafts), with this many drafts.
+    bool model_chosen = false;
+    int model_depth = 0;
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
@@ -103,6 +109,8 @@ class Speculator final : public Drafter {
   const SpeculatorOptions o_;
   std::vector<std::unique_ptr<DraftSource>> sources_;
   std::vector<std::string> names_;
+  // The source the workers draft for ("model"), or -1.
+  int model_source_ = -1;
   std::vector<Rate> global_;
   absl::flat_hash_map<LaneId, LaneSpec> lanes_;
   // Decayed means of result-to-result period over worker time.

@@ -242,6 +242,104 @@ TEST(SpeculatorTest, SweepDropsStateOfLanesThatAreGone) {
   EXPECT_EQ(spec->lanes(), 2u);
 }
 
+TEST(DraftSourcesTest, ModelProposalsCountOnlyForTheSequenceTheyFollow) {
+  auto model = MakeDraftSource("model", SourceOptions(), nullptr);
+  ASSERT_NE(model, nullptr);
+  EXPECT_TRUE(model->worker_proposed());
+  std::vector<int32_t> seq = {1, 2, 3};
+  // Nothing proposed yet: placeholders, as deep as asked.
+  Proposal p = model->Propose(1, seq, 5);
+  EXPECT_TRUE(p.pending);
+  EXPECT_EQ(p.tokens.size(), 5u);
+  const std::vector<int32_t> drafts = {4, 5, 6};
+  model->OnProposed(1, 3, drafts);
+  p = model->Propose(1, seq, 5);
+  EXPECT_FALSE(p.pending);
+  EXPECT_THAT(p.tokens, ElementsAre(4, 5, 6));
+  EXPECT_THAT(model->Propose(1, seq, 2).tokens, ElementsAre(4, 5));
+  // The sequence moved on (a pipelined row): pending, about as deep as the
+  // last proposal.
+  seq.push_back(4);
+  p = model->Propose(1, seq, 8);
+  EXPECT_TRUE(p.pending);
+  EXPECT_EQ(p.tokens.size(), 3u);
+  model->Forget(1);
+  EXPECT_EQ(model->lanes(), 0u);
+}
+
+// The planner's and workers' protocol for the model source, unpipelined:
+// Plan, ProposeDepth for the row, the row's result, then the proposal that
+// came with it. `right`: proposals continue the lane's period; otherwise
+// they are never right. Returns the drafts carried and the tokens asked.
+std::pair<std::vector<int>, std::vector<int>> RunModelRows(Speculator& spec, ScriptedLane& l,
+                                                           const DraftContext& ctx, int rows,
+                                                           bool right) {
+  std::vector<int> carried, asked;
+  for (int i = 0; i < rows; ++i) {
+    DraftDecision d = spec.Plan(l.lane, ctx);
+    const int depth = spec.ProposeDepth(l.lane, ctx.max_drafts);
+    carried.push_back(static_cast<int>(d.tokens.size()));
+    asked.push_back(depth);
+    const int accepted = l.Verify(d.tokens);
+    if (!d.tokens.empty()) {
+      spec.OnVerified(l.lane.id, d.source, static_cast<int>(d.tokens.size()), accepted);
+    }
+    std::vector<int32_t> proposal;
+    for (int j = 0; j < depth; ++j) {
+      const size_t pos = l.lane.seq.size() + static_cast<size_t>(j);
+      proposal.push_back(right ? l.period[pos % l.period.size()] : 2000 + j);
+    }
+    spec.OnProposed(l.lane.id, static_cast<int64_t>(l.lane.seq.size()), proposal);
+  }
+  return {carried, asked};
+}
+
+TEST(SpeculatorTest, ModelDraftsDeepWhenRightAndIsAskedForAlmostNothingWhenWrong) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  auto good = Make({"model"});
+  ScriptedLane g(1, {5, 6, 7, 8, 9, 10, 11});
+  auto [carried, asked] = RunModelRows(*good, g, ctx, 40, /*right=*/true);
+  EXPECT_EQ(carried.back(), 8);
+  EXPECT_EQ(asked.back(), 8);
+
+  auto bad = Make({"model"});
+  ScriptedLane b(2, {5, 6, 7});
+  auto [bad_carried, bad_asked] = RunModelRows(*bad, b, ctx, 4000, /*right=*/false);
+  int drafting = 0, tokens_asked = 0;
+  for (size_t i = 1000; i < bad_asked.size(); ++i) {
+    drafting += bad_carried[i] > 0;
+    tokens_asked += bad_asked[i];
+  }
+  // Probes only (the interval doubles to 1024 rows), each asking for two
+  // tokens the row before it and three on its own row (plus two before a
+  // probe past the end): asks come only around probes.
+  EXPECT_LE(drafting, 4);
+  EXPECT_LE(tokens_asked, 5 * drafting + 2);
+  EXPECT_GT(tokens_asked, 0);
+  // Opted out: never asked.
+  ScriptedLane off(3, {5, 6, 7});
+  off.lane.req->p.speculative = false;
+  EXPECT_EQ(bad->ProposeDepth(off.lane, 8), 0);
+  // Without the model source nothing is ever asked.
+  auto ngram = Make({"ngram"});
+  EXPECT_EQ(ngram->ProposeDepth(g.lane, 8), 0);
+}
+
+TEST(SpeculatorTest, WaitsForModelDraftsOfTheRowInFlight) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  auto spec = Make({"model"});
+  ScriptedLane l(1, {5, 6, 7, 8, 9});
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = true, .cost = &cost};
+  // Placeholders of a new lane: worth waiting for.
+  EXPECT_TRUE(spec->Plan(l.lane, ctx).wait);
+  // Without a row in flight, placeholders are never drafted.
+  ctx.row_in_flight = false;
+  DraftDecision d = spec->Plan(l.lane, ctx);
+  EXPECT_FALSE(d.wait);
+  EXPECT_TRUE(d.tokens.empty());
+}
+
 TEST(SpeculatorTest, RejectsBadOptions) {
   SpeculatorOptions o;
   o.source_options = SourceOptions();

@@ -130,4 +130,35 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
   return std::shared_ptr<const ModelWeights>(std::move(s));
 }
 
+absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
+    std::shared_ptr<const ModelWeights> full, int layers) {
+  const ModelConfig& c = full->config;
+  if (layers < 1 || layers >= c.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("a self-drafter takes 1 to ", c.layers - 1,
+                                                   " of the model's ", c.layers, " layers, not ",
+                                                   layers));
+  }
+  if (full->shard.world > 1) {
+    return absl::InvalidArgumentError("a self-drafter is cut from the whole model, not a shard");
+  }
+  auto d = std::make_shared<ModelWeights>();
+  d->config = c;
+  d->config.layers = layers;
+  // Per-layer choices follow their layers.
+  if (d->config.moe.sparse_layer.size() > static_cast<size_t>(layers)) {
+    d->config.moe.sparse_layer.resize(static_cast<size_t>(layers));
+  }
+  if (d->config.indexer.full_layer.size() > static_cast<size_t>(layers)) {
+    d->config.indexer.full_layer.resize(static_cast<size_t>(layers));
+  }
+  d->shard = full->shard;
+  d->embed = full->embed;
+  d->layers.assign(full->layers.begin(), full->layers.begin() + layers);
+  d->final_norm = full->final_norm;
+  d->lm_head = full->lm_head;
+  d->source = absl::StrCat(full->source, " (first ", layers, " layers)");
+  d->keep_alive = std::move(full);
+  return std::shared_ptr<const ModelWeights>(std::move(d));
+}
+
 }  // namespace ringlane::worker

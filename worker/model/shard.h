@@ -27,6 +27,13 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     std::shared_ptr<const ModelWeights> full, int rank, int world,
     const ShardOptions& options = {});
 
+// The first `layers` layers of the unsharded `full`, with its embedding,
+// final norm and head: a self-drafter for speculative decoding that views
+// the model's weights (no copy). InvalidArgument unless 1 <= layers <
+// full->config.layers, or for a shard.
+absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
+    std::shared_ptr<const ModelWeights> full, int layers);
+
 }  // namespace ringlane::worker
 
 #endif  // RINGLANE_WORKER_MODEL_SHARD_H_

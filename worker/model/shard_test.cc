@@ -59,5 +59,30 @@ TEST(Shard, RefusesSplitsThatDoNotDivide) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(FirstLayers, ViewsTheFirstLayersUnderTheSameHead) {
+  auto full = BundledStories();  // 5 layers
+  auto d = FirstLayers(full, 2);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->config.layers, 2);
+  ASSERT_EQ((*d)->layers.size(), 2u);
+  EXPECT_EQ((*d)->layers[1].attn.wq.Row(0), full->layers[1].attn.wq.Row(0));  // a view
+  EXPECT_EQ((*d)->lm_head.Row(0), full->lm_head.Row(0));
+  EXPECT_EQ((*d)->embed.Row(7), full->embed.Row(7));
+  EXPECT_EQ((*d)->final_norm, full->final_norm);
+  EXPECT_EQ((*d)->config.vocab, full->config.vocab);
+  // The full model is kept alive by the view.
+  EXPECT_EQ((*d)->keep_alive, full);
+}
+
+TEST(FirstLayers, RefusesNoLayersAllLayersAndShards) {
+  auto full = BundledStories();
+  for (int n : {0, -1, 5, 6}) {
+    EXPECT_EQ(FirstLayers(full, n).status().code(), absl::StatusCode::kInvalidArgument) << n;
+  }
+  auto shard = ShardModel(full, 0, 2);
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(FirstLayers(*shard, 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ringlane::worker

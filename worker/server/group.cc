@@ -169,7 +169,18 @@ void GroupMember::FormAndServe() {
     absl::SleepFor(absl::Seconds(5));
     return;
   }
-  if (absl::Status st = steps_.Install(epoch, std::move(comm), std::move(*backend), o.kv_pool);
+  std::unique_ptr<Backend> draft;
+  if (o.rank == 0 && o.draft_model != nullptr) {
+    absl::StatusOr<std::unique_ptr<Backend>> d = CreateBackend(o.draft_model, o.backend, nullptr);
+    if (d.ok()) {
+      draft = std::move(*d);
+    } else {
+      RL_LOG(WARNING) << who << ": draft model: " << d.status().message()
+                      << "; serving without proposals";
+    }
+  }
+  if (absl::Status st =
+          steps_.Install(epoch, std::move(comm), std::move(*backend), o.kv_pool, std::move(draft));
       !st.ok()) {
     RL_LOG(ERROR) << who << ": KV pool of " << o.kv_pool.num_blocks << " blocks: " << st.message();
     SetStatus(false, 0, absl::StrCat("KV pool: ", st.message()));

@@ -52,6 +52,10 @@ struct GroupOptions {
   KvPoolSpec kv_pool;
   // Its kind also picks the collectives (CollectivesForBackend).
   BackendOptions backend;
+  // A draft model (the whole of it, unsharded) that rank 0 runs beside its
+  // shard to propose drafts (DraftRunner); null for none. Other ranks
+  // ignore it.
+  std::shared_ptr<const ModelWeights> draft_model;
 };
 
 class GroupMember {

@@ -12,6 +12,12 @@ namespace ringlane::worker {
 
 namespace v1 = ringlane::v1;
 
+namespace {
+// LaneStep.propose_drafts' documented range (a worker proposes at most
+// kMaxProposedDrafts of them).
+constexpr int kMaxProposeDraftsField = 64;
+}  // namespace
+
 absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   if (!p.has_temperature()) return absl::InvalidArgumentError("sampling.temperature is not set");
   if (!p.has_seed()) return absl::InvalidArgumentError("sampling.seed is not set");
@@ -37,8 +43,9 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   return s;
 }
 
-RoundExecutor::RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer)
-    : backend_(backend), rank_(rank), timer_(timer) {}
+RoundExecutor::RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer,
+                             DraftRunner* draft)
+    : backend_(backend), rank_(rank), timer_(timer), draft_(draft) {}
 
 absl::Status RoundExecutor::ValidateEarlierOutput(const v1::LaneStep& row) const {
   const ModelConfig& config = backend_->config();
@@ -105,6 +112,9 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       return bad("use_last_sampled before the lane sampled a token");
     }
     if (row.start_position() < 0) return bad("negative start_position");
+    if (row.propose_drafts() < 0 || row.propose_drafts() > kMaxProposeDraftsField) {
+      return bad(absl::StrCat("propose_drafts must be in [0, ", kMaxProposeDraftsField, "]"));
+    }
     const bool verify = row.verify_offsets_size() > 0;
     if (row.sample_last() && verify) return bad("both sample_last and verify_offsets");
     if ((row.sample_last() || verify) && n == 0) return bad("sampling from a row with no tokens");
@@ -156,6 +166,8 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   };
   last_sampled_ = 0;
   last_accepted_ = 0;
+  last_proposed_ = 0;
+  last_draft_us_ = 0;
   if (absl::Status st = Validate(plan); !st.ok()) return reject(st);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -193,6 +205,19 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       return o.status();
     }
     out = std::move(*o);
+  }
+
+  // What the draft model is fed of each sequence: all of it, less the
+  // rejected drafts of a verify row, and the last sample where the row asks
+  // for a proposal.
+  std::vector<DraftRunner::Feed> feeds;
+  std::vector<v1::LaneOutput*> output_of_seq;
+  if (draft_ != nullptr) {
+    feeds.resize(in.seqs.size());
+    output_of_seq.assign(in.seqs.size(), nullptr);
+    for (size_t k = 0; k < in.seqs.size(); ++k) {
+      feeds[k].keep = static_cast<int>(in.seqs[k].tokens.size());
+    }
   }
 
   // The plan is accepted: create lanes, sample, release.
@@ -246,8 +271,29 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       }
       last_accepted_ += accepted;
       if (lo) lo->set_accepted_draft_count(accepted);
+      if (draft_ != nullptr) {
+        DraftRunner::Feed& f = feeds[seq];
+        f.keep = s.logit_offsets[0] + accepted + 1;
+        if (row.propose_drafts() > 0 && !row.release_lane()) {
+          f.propose = row.propose_drafts();
+          f.next = lane.last_sampled;
+          output_of_seq[seq] = lo;
+        }
+      }
     }
     if (row.release_lane()) lanes_.erase(it);
+  }
+  if (draft_ != nullptr && (!in.seqs.empty() || !in.block_copies.empty())) {
+    const auto d0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<int32_t>> proposals = draft_->Run(in, feeds);
+    last_draft_us_ =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - d0)
+            .count();
+    for (size_t k = 0; k < proposals.size(); ++k) {
+      last_proposed_ += static_cast<int64_t>(proposals[k].size());
+      if (output_of_seq[k] == nullptr) continue;
+      output_of_seq[k]->mutable_draft_token_ids()->Add(proposals[k].begin(), proposals[k].end());
+    }
   }
   const int64_t total_us =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)

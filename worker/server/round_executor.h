@@ -22,6 +22,7 @@
 #include "worker/backend/backend.h"
 #include "worker/collectives/timed_communicator.h"
 #include "worker/sampler.h"
+#include "worker/server/draft_runner.h"
 
 namespace ringlane::worker {
 
@@ -36,7 +37,10 @@ class RoundExecutor {
   // results' outputs; other ranks only keep state.
   // `timer` (optional, not owned) is the communicator the backend uses; its
   // time goes into the results' collective_time_us.
-  RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer = nullptr);
+  // `draft` (optional, not owned; rank 0 only) feeds every round to the
+  // draft model and answers rows' propose_drafts.
+  RoundExecutor(Backend* backend, int rank, TimedCommunicator* timer = nullptr,
+                DraftRunner* draft = nullptr);
 
   // Runs one plan. A plan that fails validation (here or in the backend) is
   // answered with result.error set (INVALID_ARGUMENT) and changes nothing. A
@@ -51,6 +55,9 @@ class RoundExecutor {
   // only where they are reported).
   int64_t last_sampled() const { return last_sampled_; }
   int64_t last_accepted() const { return last_accepted_; }
+  // Draft tokens proposed by the last Run, and its time in the draft model.
+  int64_t last_proposed() const { return last_proposed_; }
+  int64_t last_draft_us() const { return last_draft_us_; }
 
  private:
   struct Lane {
@@ -70,9 +77,12 @@ class RoundExecutor {
   Backend* const backend_;
   const int rank_;
   TimedCommunicator* const timer_;
+  DraftRunner* const draft_;
   std::map<uint64_t, std::unique_ptr<Lane>> lanes_;
   int64_t last_sampled_ = 0;
   int64_t last_accepted_ = 0;
+  int64_t last_proposed_ = 0;
+  int64_t last_draft_us_ = 0;
 };
 
 }  // namespace ringlane::worker

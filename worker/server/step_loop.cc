@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/time/time.h"
+#include "services/log.h"
 
 namespace ringlane::worker {
 
@@ -43,6 +44,7 @@ size_t StepLoop::QueueLengthForTesting() {
 }
 
 void StepLoop::DropFormation() {
+  draft_.reset();
   backend_.reset();
   comm_.reset();
   epoch_ = 0;
@@ -93,7 +95,8 @@ void StepLoop::Loop() {
 }
 
 absl::Status StepLoop::Install(int64_t epoch, std::unique_ptr<TimedCommunicator> comm,
-                               std::unique_ptr<Backend> backend, const KvPoolSpec& pool) {
+                               std::unique_ptr<Backend> backend, const KvPoolSpec& pool,
+                               std::unique_ptr<Backend> draft) {
   auto op = std::make_shared<Op>();
   op->needs_formation = false;
   op->run = [&]() -> absl::Status {
@@ -104,6 +107,15 @@ absl::Status StepLoop::Install(int64_t epoch, std::unique_ptr<TimedCommunicator>
       backend.reset();
       comm.reset();
       return st;
+    }
+    if (draft != nullptr) {
+      absl::StatusOr<std::unique_ptr<DraftRunner>> d = DraftRunner::Create(
+          std::move(draft), pool, backend->config().vocab, backend->config().max_position);
+      if (d.ok()) {
+        draft_ = std::move(*d);
+      } else {
+        RL_LOG(WARNING) << "draft model: " << d.status().message() << "; serving without proposals";
+      }
     }
     comm_ = std::move(comm);
     backend_ = std::move(backend);
@@ -147,7 +159,7 @@ absl::StatusOr<StepLoop::RoundOutcome> StepLoop::RunRound(
     // The admission check guarantees that this is the epoch the executor's
     // lanes belong to, so its backend pointer is still the installed one.
     if (*exec == nullptr)
-      *exec = std::make_unique<RoundExecutor>(backend_.get(), rank_, comm_.get());
+      *exec = std::make_unique<RoundExecutor>(backend_.get(), rank_, comm_.get(), draft_.get());
     absl::StatusOr<v1::RoundResult> r = (*exec)->Run(plan);
     if (!r.ok()) {
       // Tell the group before the next operation is admitted, so that nothing

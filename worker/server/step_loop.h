@@ -32,6 +32,7 @@
 #include "worker/backend/backend.h"
 #include "worker/collectives/timed_communicator.h"
 #include "worker/kv_cache.h"
+#include "worker/server/draft_runner.h"
 #include "worker/server/round_executor.h"
 
 namespace ringlane::worker {
@@ -62,8 +63,13 @@ class StepLoop {
   // and allocates its empty KV pool, on the step thread. On failure (the
   // pool's InvalidArgument or ResourceExhausted) both are dropped and there is
   // no formation. Unavailable after Stop().
+  // `draft` (optional, rank 0) is an unsharded backend of a draft model: it
+  // gets a pool of its own (DraftRunner) and proposes drafts for the rounds'
+  // rows; when it cannot be set up the reason is logged and the formation
+  // serves without it.
   absl::Status Install(int64_t epoch, std::unique_ptr<TimedCommunicator> comm,
-                       std::unique_ptr<Backend> backend, const KvPoolSpec& pool);
+                       std::unique_ptr<Backend> backend, const KvPoolSpec& pool,
+                       std::unique_ptr<Backend> draft = nullptr);
   // Drops the formation and its KV contents, after every operation enqueued
   // before.
   void Teardown();
@@ -133,6 +139,7 @@ class StepLoop {
   int64_t epoch_ = 0;  // 0: none installed
   std::unique_ptr<TimedCommunicator> comm_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DraftRunner> draft_;
 
   std::thread thread_;  // last: starts once the fields above exist
 };

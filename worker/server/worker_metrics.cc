@@ -47,6 +47,19 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                          .Help("Speculative draft tokens accepted by verification")
                          .Register(r)
                          .Add(l);
+  drafts_proposed =
+      &prometheus::BuildCounter()
+           .Name("ringlane_worker_drafts_proposed_total")
+           .Help("Draft tokens the draft model (--draft_model, --draft_layers) proposed")
+           .Register(r)
+           .Add(l);
+  draft_model_seconds = &prometheus::BuildCounter()
+                             .Name("ringlane_worker_draft_model_seconds_total")
+                             .Help(
+                                 "Time in the draft model (feeding rounds and proposing), part "
+                                 "of the round compute time")
+                             .Register(r)
+                             .Add(l);
   compute_seconds = &prometheus::BuildHistogram()
                          .Name("ringlane_worker_round_compute_seconds")
                          .Help(

@@ -24,6 +24,10 @@ struct WorkerMetrics {
   prometheus::Counter* tokens_fed;
   prometheus::Counter* tokens_sampled;
   prometheus::Counter* drafts_accepted;
+  // The draft model on rank 0 (DraftRunner): tokens it proposed, and time in
+  // it (also inside compute_seconds).
+  prometheus::Counter* drafts_proposed;
+  prometheus::Counter* draft_model_seconds;
   prometheus::Histogram* compute_seconds;
   prometheus::Histogram* collective_seconds;
   prometheus::Gauge* lanes;

@@ -68,6 +68,8 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_tp_rank(id_.rank);
   info->set_tp_world_size(id_.world_size);
   info->set_moe_sharding(id_.moe_sharding);
+  info->set_draft_model_id(id_.draft_model_id);
+  info->set_max_proposed_drafts(id_.max_proposed_drafts);
   info->set_kv_pool_blocks(kv_pool_.num_blocks);
   info->set_block_size_tokens(kv_pool_.block_size);
   info->set_kv_block_bytes(kv_block_bytes_);
@@ -166,6 +168,8 @@ grpc::Status WorkerService::Rounds(
         metrics_->tokens_fed->Increment(static_cast<double>(fed));
         metrics_->tokens_sampled->Increment(static_cast<double>(exec->last_sampled()));
         metrics_->drafts_accepted->Increment(static_cast<double>(exec->last_accepted()));
+        metrics_->drafts_proposed->Increment(static_cast<double>(exec->last_proposed()));
+        metrics_->draft_model_seconds->Increment(static_cast<double>(exec->last_draft_us()) * 1e-6);
         metrics_->compute_seconds->Observe(r.compute_time_us() * 1e-6);
         metrics_->collective_seconds->Observe(r.collective_time_us() * 1e-6);
       }

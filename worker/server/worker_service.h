@@ -37,6 +37,10 @@ struct WorkerIdentity {
   bool kv_rank_shared = false;
   // WorkerInfo.moe_sharding: "tp", "ep", or "" without MoE.
   std::string moe_sharding;
+  // WorkerInfo.draft_model_id and max_proposed_drafts (rank 0 with a draft
+  // model; empty and 0 otherwise).
+  std::string draft_model_id;
+  int max_proposed_drafts = 0;
 };
 
 // What shapes a block's bytes beyond the fields of BlockKey: the backend and

@@ -1,0 +1,90 @@
+// A draft model on rank 0: a smaller model with the target's vocabulary
+// whose greedy continuation of a lane the router verifies in a later row
+// (speculative decoding). Drafts are only ever verified, so nothing here can
+// change a sampled token or logprob; a draft that cannot be made is simply
+// not proposed.
+//
+// The draft model keeps its own KV pool, indexed by the target's block ids:
+// every row of every round is fed to the draft model too (its accepted
+// tokens), so the draft's cache of block b holds the same positions and
+// tokens as the target's, and a prefix the router reuses from its cache, or
+// copies part of, is as valid for the draft as for the target. Positions a
+// proposal runs ahead into, past the row's own blocks, live in scratch
+// blocks after the target's range, reused every round: the next row feeds
+// those positions again with the tokens actually kept. What the draft pool
+// does not follow: blocks imported from the kvstore or another rank (their
+// draft entries are stale until written again), which costs acceptance,
+// never correctness.
+//
+// Owned by the step loop of rank 0 and used on its thread only.
+#ifndef RINGLANE_WORKER_SERVER_DRAFT_RUNNER_H_
+#define RINGLANE_WORKER_SERVER_DRAFT_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/backend/backend.h"
+#include "worker/kv_cache.h"
+#include "worker/round.h"
+
+namespace ringlane::worker {
+
+// Most tokens one proposal holds (WorkerInfo.max_proposed_drafts).
+inline constexpr int kMaxProposedDrafts = 16;
+// Lanes that can propose in one round; beyond them a round's other lanes
+// get no proposal (their rows are still fed).
+inline constexpr int kMaxProposingLanes = 64;
+
+class DraftRunner {
+ public:
+  // `draft` is an unsharded backend of the draft model; its pool is
+  // allocated here for `target_pool`'s block ids plus scratch blocks.
+  // InvalidArgument when the draft's vocabulary differs from `target_vocab`
+  // or its context is shorter than `target_context`; the pool's errors.
+  static absl::StatusOr<std::unique_ptr<DraftRunner>> Create(std::unique_ptr<Backend> draft,
+                                                             const KvPoolSpec& target_pool,
+                                                             int target_vocab,
+                                                             int64_t target_context);
+
+  // What the draft model does with one sequence of the target's round.
+  struct Feed {
+    // Tokens of the sequence to feed (its accepted prefix: rejected drafts
+    // are left out).
+    int keep = 0;
+    // Greedy tokens to propose after `next`, which is fed at position
+    // start + keep (the lane's last sample); 0 feeds only the prefix.
+    int propose = 0;
+    int32_t next = 0;
+  };
+
+  // Feeds `round`'s block copies and sequences (one Feed per sequence) and
+  // returns each sequence's proposal (empty where none was asked, or where
+  // the draft model could not run: the reason is logged).
+  std::vector<std::vector<int32_t>> Run(const RoundInput& round, absl::Span<const Feed> feeds);
+
+  int scratch_blocks() const { return scratch_blocks_; }
+  // Tokens proposed and draft forward passes run, since creation.
+  int64_t proposed_tokens() const { return proposed_; }
+  int64_t passes() const { return passes_; }
+
+ private:
+  DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int scratch_blocks);
+  // Runs one draft round and takes each asking sequence's argmax.
+  absl::Status StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax);
+  void LogFailure(const absl::Status& st);
+
+  std::unique_ptr<Backend> draft_;
+  const int target_blocks_;
+  const int scratch_blocks_;
+  int64_t proposed_ = 0;
+  int64_t passes_ = 0;
+  int64_t failures_ = 0;
+};
+
+}  // namespace ringlane::worker
+
+#endif  // RINGLANE_WORKER_SERVER_DRAFT_RUNNER_H_

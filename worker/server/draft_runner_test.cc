@@ -1,0 +1,353 @@
+// The draft model on rank 0 (draft_runner.h) through the round executor:
+// with the target itself as its draft model, a proposal must be exactly the
+// target's greedy continuation, whatever rows came before (accepted and
+// rejected drafts, prefix reuse, block copies, lanes side by side); a
+// proposal never changes a sampled token; bad proposal requests are
+// INVALID_ARGUMENT.
+#include "worker/server/draft_runner.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/backend/factory.h"
+#include "worker/model/model.h"
+#include "worker/model/synthetic.h"
+#include "worker/server/round_executor.h"
+
+namespace ringlane::worker {
+namespace {
+
+namespace v1 = ringlane::v1;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr int kBlock = 4;
+constexpr KvPoolSpec kPool{/*num_blocks=*/64, kBlock, DType::kF32};
+
+std::shared_ptr<const ModelWeights> Synthetic(const std::string& name, int vocab, uint64_t seed) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/draft_runner_test_", ::getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  SyntheticModelOptions o;
+  o.out_dir = dir;
+  o.vocab = vocab;
+  o.seed = seed;
+  EXPECT_TRUE(WriteSyntheticModel(o).ok());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> w = LoadModel(dir);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? std::shared_ptr<const ModelWeights>(std::move(*w)) : nullptr;
+}
+
+std::unique_ptr<Backend> NewBackend(const std::shared_ptr<const ModelWeights>& m) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(m, BackendOptions{}, nullptr);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+v1::SamplingParams Greedy() {
+  v1::SamplingParams s;
+  s.set_temperature(0);
+  s.set_seed(3);
+  return s;
+}
+
+v1::SamplingParams Warm() {
+  v1::SamplingParams s;
+  s.set_temperature(0.8f);
+  s.set_seed(11);
+  s.set_top_p(0.9f);
+  s.set_logprobs(true);
+  return s;
+}
+
+void AddBlocks(v1::LaneStep* row, int first_block, int64_t end) {
+  for (int64_t b = 0; b < (end + kBlock - 1) / kBlock; ++b) {
+    row->add_block_ids(first_block + static_cast<int>(b));
+  }
+}
+
+class DraftRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    target_ = new std::shared_ptr<const ModelWeights>(Synthetic("target", 512, 1));
+  }
+  static void TearDownTestSuite() {
+    delete target_;
+    target_ = nullptr;
+  }
+
+  void SetUp() override {
+    backend_ = NewBackend(*target_);
+    ASSERT_NE(backend_, nullptr);
+    ASSERT_TRUE(backend_->AllocateKvPool(kPool).ok());
+    absl::StatusOr<std::unique_ptr<DraftRunner>> d =
+        DraftRunner::Create(NewBackend(*target_), kPool, 512, 512);
+    ASSERT_TRUE(d.ok()) << d.status();
+    draft_ = std::move(*d);
+    exec_ = std::make_unique<RoundExecutor>(backend_.get(), /*rank=*/0, nullptr, draft_.get());
+
+    // The reference: the same model decoding greedily, no drafts anywhere.
+    ref_backend_ = NewBackend(*target_);
+    ASSERT_TRUE(ref_backend_->AllocateKvPool(kPool).ok());
+    ref_ = std::make_unique<RoundExecutor>(ref_backend_.get(), 0);
+  }
+
+  // Greedy continuation of `prompt` by plain decode: `n` tokens.
+  std::vector<int32_t> GreedyTokens(const std::vector<int32_t>& prompt, int n) {
+    std::vector<int32_t> out;
+    int64_t pos = 0;
+    const uint64_t lane = ++ref_lane_;
+    for (int r = 0; r < n; ++r) {
+      v1::RoundPlan plan;
+      plan.set_round_id(++ref_round_);
+      v1::LaneStep* row = plan.add_rows();
+      row->set_lane_id(lane);
+      row->set_start_position(pos);
+      row->set_sample_last(true);
+      if (r == 0) {
+        row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+        *row->mutable_sampling() = Greedy();
+        pos += static_cast<int64_t>(prompt.size());
+      } else {
+        row->set_use_last_sampled(true);
+        pos += 1;
+      }
+      row->set_release_lane(r + 1 == n);
+      AddBlocks(row, 0, pos);
+      absl::StatusOr<v1::RoundResult> res = ref_->Run(plan);
+      EXPECT_TRUE(res.ok() && res->error().code() == 0 && res->outputs_size() == 1);
+      if (!res.ok() || res->outputs_size() != 1) return out;
+      out.push_back(res->outputs(0).tokens(0).token_id());
+    }
+    return out;
+  }
+
+  v1::RoundResult Run(const v1::RoundPlan& plan) {
+    absl::StatusOr<v1::RoundResult> res = exec_->Run(plan);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *res : v1::RoundResult();
+  }
+
+  static std::vector<int32_t> Ids(const v1::LaneOutput& o) {
+    std::vector<int32_t> ids;
+    for (const auto& t : o.tokens()) ids.push_back(t.token_id());
+    return ids;
+  }
+  static std::vector<int32_t> Drafts(const v1::LaneOutput& o) {
+    return {o.draft_token_ids().begin(), o.draft_token_ids().end()};
+  }
+
+  static std::shared_ptr<const ModelWeights>* target_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DraftRunner> draft_;
+  std::unique_ptr<RoundExecutor> exec_;
+  std::unique_ptr<Backend> ref_backend_;
+  std::unique_ptr<RoundExecutor> ref_;
+  uint64_t ref_lane_ = 1000;
+  uint64_t ref_round_ = 0;
+};
+
+std::shared_ptr<const ModelWeights>* DraftRunnerTest::target_ = nullptr;
+
+TEST_F(DraftRunnerTest, SelfDraftProposesTheGreedyContinuationThroughAcceptAndReject) {
+  const std::vector<int32_t> prompt = {1, 17, 99, 230, 5, 77, 301};  // 7: ends mid-block
+  const std::vector<int32_t> greedy = GreedyTokens(prompt, 14);
+  ASSERT_EQ(greedy.size(), 14u);
+
+  // Prefill, asking for 5 drafts after the first sample.
+  v1::RoundPlan plan;
+  plan.set_round_id(1);
+  v1::LaneStep* row = plan.add_rows();
+  row->set_lane_id(7);
+  row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(5);
+  AddBlocks(row, 0, 7);
+  v1::RoundResult r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  ASSERT_EQ(r.outputs_size(), 1);
+  EXPECT_EQ(Ids(r.outputs(0)), std::vector<int32_t>{greedy[0]});
+  EXPECT_THAT(Drafts(r.outputs(0)), ElementsAreArray(greedy.begin() + 1, greedy.begin() + 6));
+
+  // Verify all five: every one accepted, the bonus sample follows, and the
+  // next proposal continues from it.
+  plan.Clear();
+  plan.set_round_id(2);
+  row = plan.add_rows();
+  row->set_lane_id(7);
+  row->set_start_position(7);
+  row->set_use_last_sampled(true);
+  row->mutable_token_ids()->Add(greedy.begin() + 1, greedy.begin() + 6);
+  for (int k = 0; k <= 5; ++k) row->add_verify_offsets(k);
+  row->set_propose_drafts(3);
+  AddBlocks(row, 0, 13);
+  r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  EXPECT_EQ(r.outputs(0).accepted_draft_count(), 5);
+  EXPECT_THAT(Ids(r.outputs(0)), ElementsAreArray(greedy.begin() + 1, greedy.begin() + 7));
+  EXPECT_THAT(Drafts(r.outputs(0)), ElementsAreArray(greedy.begin() + 7, greedy.begin() + 10));
+
+  // Verify three drafts of which the second is wrong: one accepted; the
+  // proposal must follow the kept tokens, not the rejected one.
+  std::vector<int32_t> wrong = {greedy[7], (greedy[8] + 1) % 512, greedy[9]};
+  plan.Clear();
+  plan.set_round_id(3);
+  row = plan.add_rows();
+  row->set_lane_id(7);
+  row->set_start_position(13);
+  row->set_use_last_sampled(true);
+  row->mutable_token_ids()->Add(wrong.begin(), wrong.end());
+  for (int k = 0; k <= 3; ++k) row->add_verify_offsets(k);
+  row->set_propose_drafts(4);
+  AddBlocks(row, 0, 17);
+  r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  EXPECT_EQ(r.outputs(0).accepted_draft_count(), 1);
+  EXPECT_THAT(Ids(r.outputs(0)), ElementsAreArray(greedy.begin() + 7, greedy.begin() + 9));
+  EXPECT_THAT(Drafts(r.outputs(0)), ElementsAreArray(greedy.begin() + 9, greedy.begin() + 13));
+  EXPECT_GT(draft_->passes(), 0);
+}
+
+TEST_F(DraftRunnerTest, LanesSideBySideAndAPrefixReusedFromAnotherLane) {
+  const std::vector<int32_t> a = {3, 4, 5, 6, 7, 8, 9, 10};  // two whole blocks
+  const std::vector<int32_t> b = {3, 4, 5, 6, 7, 8, 9, 10, 400, 401};
+  const std::vector<int32_t> c = {200, 11, 12};
+  const std::vector<int32_t> ga = GreedyTokens(a, 5);
+  const std::vector<int32_t> gb = GreedyTokens(b, 5);
+  const std::vector<int32_t> gc = GreedyTokens(c, 5);
+
+  // Lane 1 prefills a in blocks 0-1 (and its first decode position in 2).
+  v1::RoundPlan plan;
+  plan.set_round_id(1);
+  v1::LaneStep* row = plan.add_rows();
+  row->set_lane_id(1);
+  row->mutable_token_ids()->Add(a.begin(), a.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(4);
+  AddBlocks(row, 0, 8);
+  ASSERT_EQ(Run(plan).error().code(), 0);
+
+  // Lane 2 reuses blocks 0-1 (a's first 8 tokens are b's) and feeds only
+  // its last two tokens, beside lane 3's whole prompt: both proposals are
+  // their greedy continuations.
+  plan.Clear();
+  plan.set_round_id(2);
+  row = plan.add_rows();
+  row->set_lane_id(2);
+  row->set_start_position(8);
+  row->mutable_token_ids()->Add(b.begin() + 8, b.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(4);
+  row->add_block_ids(0);
+  row->add_block_ids(1);
+  row->add_block_ids(10);
+  row = plan.add_rows();
+  row->set_lane_id(3);
+  row->mutable_token_ids()->Add(c.begin(), c.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(4);
+  AddBlocks(row, 20, 3);
+  v1::RoundResult r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  ASSERT_EQ(r.outputs_size(), 2);
+  EXPECT_EQ(Ids(r.outputs(0)), std::vector<int32_t>{gb[0]});
+  EXPECT_THAT(Drafts(r.outputs(0)), ElementsAreArray(gb.begin() + 1, gb.end()));
+  EXPECT_EQ(Ids(r.outputs(1)), std::vector<int32_t>{gc[0]});
+  EXPECT_THAT(Drafts(r.outputs(1)), ElementsAreArray(gc.begin() + 1, gc.end()));
+  (void)ga;
+}
+
+TEST_F(DraftRunnerTest, ProposalsNeverChangeWhatIsSampled) {
+  // The same seeded, warm lane with and without proposals: same tokens and
+  // logprobs, bit for bit.
+  const std::vector<int32_t> prompt = {9, 8, 7, 6, 5};
+  auto run = [&](RoundExecutor* exec, int propose) {
+    std::vector<std::pair<int32_t, float>> out;
+    int64_t pos = 0;
+    for (int r = 0; r < 12; ++r) {
+      v1::RoundPlan plan;
+      plan.set_round_id(r + 1);
+      v1::LaneStep* row = plan.add_rows();
+      row->set_lane_id(5);
+      row->set_start_position(pos);
+      row->set_sample_last(true);
+      row->set_propose_drafts(propose);
+      if (r == 0) {
+        row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+        *row->mutable_sampling() = Warm();
+        pos += 5;
+      } else {
+        row->set_use_last_sampled(true);
+        pos += 1;
+      }
+      AddBlocks(row, 30, pos);
+      absl::StatusOr<v1::RoundResult> res = exec->Run(plan);
+      EXPECT_TRUE(res.ok() && res->error().code() == 0 && res->outputs_size() == 1);
+      if (!res.ok() || res->outputs_size() != 1) return out;
+      out.emplace_back(res->outputs(0).tokens(0).token_id(), res->outputs(0).tokens(0).logprob());
+      EXPECT_EQ(res->outputs(0).draft_token_ids_size(), exec == exec_.get() ? propose : 0);
+    }
+    return out;
+  };
+  EXPECT_EQ(run(exec_.get(), 6), run(ref_.get(), 6));
+}
+
+TEST_F(DraftRunnerTest, BadProposalRequestsAreInvalidArgument) {
+  for (int bad : {-1, 65}) {
+    v1::RoundPlan plan;
+    plan.set_round_id(1);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(1);
+    row->add_token_ids(1);
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Greedy();
+    row->set_propose_drafts(bad);
+    row->add_block_ids(0);
+    v1::RoundResult r = Run(plan);
+    EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << bad;
+    EXPECT_THAT(r.error().message(), HasSubstr("propose_drafts"));
+  }
+  // More than a worker proposes is answered with what it can.
+  v1::RoundPlan plan;
+  plan.set_round_id(2);
+  v1::LaneStep* row = plan.add_rows();
+  row->set_lane_id(2);
+  row->add_token_ids(1);
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(64);
+  row->add_block_ids(0);
+  v1::RoundResult r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  EXPECT_EQ(r.outputs(0).draft_token_ids_size(), kMaxProposedDrafts);
+}
+
+TEST(DraftRunnerCreate, RefusesAnotherVocabularyOrAShorterContext) {
+  auto target = Synthetic("create_target", 512, 1);
+  auto other = Synthetic("create_other", 256, 2);
+  absl::StatusOr<std::unique_ptr<DraftRunner>> d =
+      DraftRunner::Create(NewBackend(other), kPool, 512, 512);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("vocabulary"));
+  d = DraftRunner::Create(NewBackend(target), kPool, 512, 4096);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(d.status().message(), HasSubstr("context"));
+  d = DraftRunner::Create(NewBackend(target), kPool, 512, 512);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_GT((*d)->scratch_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace ringlane::worker
