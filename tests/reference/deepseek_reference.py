@@ -9,9 +9,13 @@ see tests/reference/README.md for the conventions and where the published source
 
     deepseek_reference.py --model DIR --tokens 1,5,7 --out FILE
                           [--dense_window N] [--dump_topk FILE]
+                          [--mtp_out FILE] [--mtp_draft K --mtp_next S [--mtp_draft_out FILE]]
 
 The whole token sequence runs as one causal prefill (teacher forcing) and the logits of
 every position are written as raw little-endian float64, shape [T][vocab_size].
+--mtp_out also writes the MTP layer's teacher-forced logits, shape [T-1][vocab_size] (row j
+predicts token j+2). --mtp_draft K treats --tokens as a prefix and --mtp_next as the main
+model's next token, and prints {"drafts": [K greedy MTP drafts]} as JSON.
 """
 
 import argparse
@@ -155,6 +159,9 @@ class Config:
         self.v_head_dim = raw["v_head_dim"]
         self.rope_interleave = bool(raw.get("rope_interleave", True))
         self._parse_rope(raw)
+        # DeepSeek-V3 / GLM-5 store one MTP layer at index num_hidden_layers; only that one
+        # is implemented (mtp_* refuse other counts, plain forward ignores the layer).
+        self.num_nextn_predict_layers = int(raw.get("num_nextn_predict_layers") or 0)
         self._parse_mlp(raw)
         self.has_indexer = self.model_type != "deepseek_v3"
         if self.has_indexer:
@@ -222,8 +229,20 @@ class Config:
         if len(types) < self.num_layers or any(t not in ("dense", "sparse") for t in types):
             raise SystemExit(f"mlp_layer_types {types!r} is not a dense/sparse list per layer")
         self.mlp_layer_types = list(types[: self.num_layers])
+        # The MTP layer takes the first_k_dense_replace rule at its own index, as vLLM's and
+        # SGLang's decoder layers do; an mlp_layer_types list names only the main layers, and
+        # GLM-5's MTP layer past it is MoE. Without routed experts every layer is dense.
+        self.mtp_mlp_type = None
+        if self.num_nextn_predict_layers:
+            if not raw.get("n_routed_experts"):
+                self.mtp_mlp_type = "dense"
+            elif raw.get("mlp_layer_types") is not None:
+                self.mtp_mlp_type = "sparse"
+            else:
+                dense = raw.get("first_k_dense_replace", 3)
+                self.mtp_mlp_type = "sparse" if self.num_layers >= dense else "dense"
         self.intermediate_size = raw.get("intermediate_size")
-        if "sparse" not in self.mlp_layer_types:
+        if "sparse" not in self.mlp_layer_types and self.mtp_mlp_type != "sparse":
             return
         self.moe_intermediate_size = raw["moe_intermediate_size"]
         self.n_routed_experts = raw["n_routed_experts"]
@@ -267,6 +286,14 @@ class Config:
         if len(types) < self.num_layers or any(t not in ("full", "shared") for t in types) or types[0] != "full":
             raise SystemExit(f"indexer_types {types!r}: full/shared per layer, starting with full")
         self.indexer_types = types
+
+    def mlp_type(self, layer):
+        """"dense" or "sparse" for a main layer or the MTP layer (index num_layers)."""
+        return self.mlp_layer_types[layer] if layer < self.num_layers else self.mtp_mlp_type
+
+    def indexer_type(self, layer):
+        """"full" or "shared"; the MTP layer always runs its own indexer."""
+        return self.indexer_types[layer] if layer < self.num_layers else "full"
 
 
 def rms_norm(x, weight, eps):
@@ -401,26 +428,115 @@ class Reference:
 
     def forward(self, tokens):
         """Logits [T, vocab] and, per layer, {position: sorted selected keys} beyond the window."""
+        hidden, selections = self.hidden_states(tokens)
+        return hidden @ self._weight(self._embedding_and_head()[1]).T, selections
+
+    def hidden_states(self, tokens):
+        """The main model's final hidden states [T, hidden], after model.norm (what vLLM and
+        SGLang hand the MTP layer as previous_hidden_states), and the per-layer selections."""
         config = self.config
-        embed_name, head_name = self._embedding_and_head()
         token_ids = torch.tensor(tokens, dtype=torch.long)
-        hidden = self._weight(embed_name)[token_ids]
+        hidden = self._weight(self._embedding_and_head()[0])[token_ids]
         cos, sin = rope_tables(config, len(tokens))
         selection = None  # (allowed mask, dump) of the previous layer: what a shared layer reuses
         selections = []
         for layer in range(config.num_layers):
-            prefix = f"model.layers.{layer}."
-            x = rms_norm(hidden, self._weight(prefix + "input_layernorm.weight"), config.rms_norm_eps)
-            attention_out, selection = self._attention(layer, x, cos, sin, selection)
+            hidden, selection = self._decoder_layer(layer, hidden, cos, sin, selection)
             selections.append(selection[1])
-            hidden = hidden + attention_out
-            x = rms_norm(hidden, self._weight(prefix + "post_attention_layernorm.weight"), config.rms_norm_eps)
-            if config.mlp_layer_types[layer] == "sparse":
-                hidden = hidden + self._moe(prefix + "mlp", x)
-            else:
-                hidden = hidden + self._mlp(prefix + "mlp", x)
-        hidden = rms_norm(hidden, self._weight("model.norm.weight"), config.rms_norm_eps)
-        return hidden @ self._weight(head_name).T, selections
+        return rms_norm(hidden, self._weight("model.norm.weight"), config.rms_norm_eps), selections
+
+    def _decoder_layer(self, layer, hidden, cos, sin, previous_selection):
+        """model.layers.{layer}: pre-norm attention and pre-norm MLP/MoE, each added to the
+        residual stream `hidden` [T, hidden]. Returns the new stream and the layer's selection."""
+        config = self.config
+        prefix = f"model.layers.{layer}."
+        x = rms_norm(hidden, self._weight(prefix + "input_layernorm.weight"), config.rms_norm_eps)
+        attention_out, selection = self._attention(layer, x, cos, sin, previous_selection)
+        hidden = hidden + attention_out
+        x = rms_norm(hidden, self._weight(prefix + "post_attention_layernorm.weight"), config.rms_norm_eps)
+        if config.mlp_type(layer) == "sparse":
+            return hidden + self._moe(prefix + "mlp", x), selection
+        return hidden + self._mlp(prefix + "mlp", x), selection
+
+    # ------------------------------------------------------------ multi-token prediction
+
+    def _mtp_prefix(self):
+        config = self.config
+        if config.num_nextn_predict_layers == 0:
+            raise SystemExit("this checkpoint has no MTP layer: config.json's num_nextn_predict_layers is 0 or absent")
+        if config.num_nextn_predict_layers != 1:
+            raise SystemExit(f"num_nextn_predict_layers {config.num_nextn_predict_layers}: only 1 is implemented")
+        prefix = f"model.layers.{config.num_layers}."
+        if prefix + "eh_proj.weight" not in self.checkpoint:
+            raise SystemExit(f"config.json declares an MTP layer but {prefix}eh_proj.weight is not in the checkpoint")
+        return prefix
+
+    def _mtp_layer(self, previous_hidden, input_tokens):
+        """The MTP layer's residual stream y [P, hidden] (no final norm) at positions 0..P-1,
+        and its selection. Position j combines previous_hidden[j] (the main model's post-norm
+        h_j, or the MTP's own earlier y) with the embedding of input_tokens[j], the token
+        after position j."""
+        config = self.config
+        prefix = self._mtp_prefix()
+        eps = config.rms_norm_eps
+        # vLLM masks the MTP's input embedding at position 0 (DeepSeekMultiTokenPredictorLayer);
+        # the embedding is the main model's, not the optional copy under the MTP prefix.
+        embeds = self._weight(self._embedding_and_head()[0])[torch.tensor(input_tokens, dtype=torch.long)]
+        embeds[0] = 0.0
+        combined = torch.cat(
+            (
+                rms_norm(embeds, self._weight(prefix + "enorm.weight"), eps),
+                rms_norm(previous_hidden, self._weight(prefix + "hnorm.weight"), eps),
+            ),
+            dim=-1,
+        )
+        x = self._linear(prefix + "eh_proj", combined)
+        cos, sin = rope_tables(config, x.shape[0])
+        return self._decoder_layer(config.num_layers, x, cos, sin, None)
+
+    def _mtp_head(self, y):
+        prefix = self._mtp_prefix()
+        head = prefix + "shared_head.head.weight"
+        if head not in self.checkpoint:
+            head = self._embedding_and_head()[1]
+        normed = rms_norm(y, self._weight(prefix + "shared_head.norm.weight"), self.config.rms_norm_eps)
+        return normed @ self._weight(head).T
+
+    def mtp_forward(self, tokens):
+        """Teacher-forced MTP logits [T-1, vocab] (row j: the distribution of token j+2) and the
+        MTP layer's {position: selected keys} beyond the dense window."""
+        if len(tokens) < 2:
+            raise SystemExit("the MTP needs at least two tokens (row j predicts token j+2)")
+        hidden, _ = self.hidden_states(tokens)
+        y, selection = self._mtp_layer(hidden[:-1], tokens[1:])
+        return self._mtp_head(y), selection[1]
+
+    def mtp_logits(self, tokens):
+        return self.mtp_forward(tokens)[0]
+
+    def mtp_draft_steps(self, tokens, next_token, k):
+        """Greedy recursive drafting with one MTP layer, as vLLM runs it for k speculative
+        tokens. tokens is the prefix t_0..t_{n-1}, next_token the main model's t_n. Step 1 runs
+        positions 0..n-1 on (h_j, t_{j+1}); each later step appends one position whose inputs
+        are the MTP's own previous output y (pre shared_head.norm) and the previous draft.
+        Returns the drafts and each step's logits [k, vocab]; ties go to the lowest id."""
+        if not tokens or k < 1:
+            raise SystemExit("drafting needs a non-empty prefix and k >= 1")
+        previous_hidden, _ = self.hidden_states(tokens)
+        inputs = list(tokens[1:]) + [next_token]
+        drafts, step_logits = [], []
+        for _ in range(k):
+            # Recomputing every position equals appending one to a cache: the layer is causal.
+            y, _ = self._mtp_layer(previous_hidden, inputs)
+            logits = self._mtp_head(y[-1:])[0]
+            drafts.append(int(logits.argmax()))
+            step_logits.append(logits)
+            previous_hidden = torch.cat((previous_hidden, y[-1:]), dim=0)
+            inputs.append(drafts[-1])
+        return drafts, torch.stack(step_logits)
+
+    def mtp_draft(self, tokens, next_token, k):
+        return self.mtp_draft_steps(tokens, next_token, k)[0]
 
     def _attention(self, layer, x, cos, sin, previous_selection):
         config = self.config
@@ -456,7 +572,7 @@ class Reference:
         causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
         if not config.has_indexer or tokens <= self.dense_window:
             return causal, {}
-        if config.indexer_types[layer] == "shared":
+        if config.indexer_type(layer) == "shared":
             return previous_selection
         first = self.dense_window  # first query position with more causal keys than the window
         scores = self._indexer_scores(layer, x, q_latent, cos, sin, first)
@@ -537,28 +653,63 @@ def main(argv=None):
         default=2051,
         help="a query with at most this many causal keys attends to all of them (default 2051)",
     )
-    parser.add_argument("--dump_topk", help="JSON file: selected key positions per layer and position")
+    parser.add_argument(
+        "--dump_topk",
+        help="JSON file: selected key positions per layer and position (and of the MTP layer, with --mtp_out)",
+    )
+    parser.add_argument(
+        "--mtp_out", help="output: float64 little-endian MTP logits [T-1][vocab]; row j predicts token j+2"
+    )
+    parser.add_argument(
+        "--mtp_draft", type=int, metavar="K", help="print {\"drafts\": [...]}: K greedy MTP drafts after --tokens"
+    )
+    parser.add_argument("--mtp_next", type=int, metavar="S", help="with --mtp_draft: the main model's next token")
+    parser.add_argument("--mtp_draft_out", help="with --mtp_draft: also write the JSON to this file")
     args = parser.parse_args(argv)
 
     config, checkpoint = load(args.model)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     if not tokens or any(t < 0 or t >= config.vocab_size for t in tokens):
         raise SystemExit(f"--tokens must be ids in [0, {config.vocab_size})")
+    if args.mtp_draft is not None:
+        if args.mtp_draft < 1:
+            raise SystemExit("--mtp_draft must be at least 1")
+        if args.mtp_next is None or not 0 <= args.mtp_next < config.vocab_size:
+            raise SystemExit(f"--mtp_draft needs --mtp_next, a token id in [0, {config.vocab_size})")
+    elif args.mtp_next is not None or args.mtp_draft_out:
+        raise SystemExit("--mtp_next and --mtp_draft_out go with --mtp_draft")
+    reference = Reference(config, checkpoint, args.dense_window)
     with torch.no_grad():
-        logits, selections = Reference(config, checkpoint, args.dense_window).forward(tokens)
+        logits, selections = reference.forward(tokens)
+        mtp_selection = None
+        if args.mtp_out:
+            mtp_logits, mtp_selection = reference.mtp_forward(tokens)
+            mtp_logits.numpy().astype("<f8").tofile(args.mtp_out)
+        drafts = None
+        if args.mtp_draft is not None:
+            drafts = reference.mtp_draft(tokens, args.mtp_next, args.mtp_draft)
     logits.numpy().astype("<f8").tofile(args.out)
     if args.dump_topk:
-        layers = []
-        for layer, selected in enumerate(selections):
-            kind = config.indexer_types[layer] if config.has_indexer else "none"
-            layers.append({"layer": layer, "indexer": kind, "selected": {str(p): s for p, s in selected.items()}})
+
+        def entry(layer, selected):
+            kind = config.indexer_type(layer) if config.has_indexer else "none"
+            return {"layer": layer, "indexer": kind, "selected": {str(p): s for p, s in selected.items()}}
+
         dump = {
             "dense_window": args.dense_window,
             "index_topk": config.index_topk if config.has_indexer else None,
-            "layers": layers,
+            "layers": [entry(layer, selected) for layer, selected in enumerate(selections)],
         }
+        if mtp_selection is not None:
+            dump["mtp"] = entry(config.num_layers, mtp_selection)
         with open(args.dump_topk, "w") as f:
             json.dump(dump, f)
+    if drafts is not None:
+        text = json.dumps({"drafts": drafts})
+        print(text)
+        if args.mtp_draft_out:
+            with open(args.mtp_draft_out, "w") as f:
+                f.write(text + "\n")
     return 0
 
 

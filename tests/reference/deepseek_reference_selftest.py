@@ -5,7 +5,9 @@ Writes one checkpoint per model type with its own safetensors writer: deepseek_v
 with q_lora_rank null and YaRN; deepseek_v32 in FP8 (block scale_inv) over two shards;
 glm_moe_dsa in BF16 with tied embeddings stored only as lm_head.weight and a shared indexer
 layer. Checks the FP8 decoding, the RoPE/YaRN/routing formulas, that the absorbed and plain
-MLA agree, causality, the sparse-attention selection, and the command line.
+MLA agree, causality, the sparse-attention selection, and the command line. The same three
+again with one MTP layer check the MTP's input (concat order, position-0 mask, post-norm
+hidden), its layer types and own indexer, the shared_head fallback, and greedy drafting.
 Exits 0 when everything passes; the last line is 'N passed, M failed'.
 """
 
@@ -137,8 +139,9 @@ def quantize_fp8(weight, block):
 
 def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shards=1, tied_store=None):
     """Random weights for raw_config. linear_dtype "F8_E4M3" stores the projection weights as
-    FP8 + scale_inv (the router gate, indexer weights_proj, embeddings and head stay BF16).
-    tied_store names the one tensor a tied checkpoint keeps."""
+    FP8 + scale_inv (the router gate, indexer weights_proj, embeddings and heads stay BF16).
+    tied_store names the one tensor a tied checkpoint keeps. With num_nextn_predict_layers 1
+    the MTP layer follows the main layers, so their weights do not depend on it."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(raw_config, f, indent=1)
@@ -173,7 +176,7 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
         tensors["model.embed_tokens.weight"] = ("BF16", embedding)
         tensors["lm_head.weight"] = ("BF16", rng.standard_normal((config.vocab_size, hidden)) / math.sqrt(hidden))
     norm("model.norm.weight", hidden)
-    for layer in range(config.num_layers):
+    for layer in range(config.num_layers + config.num_nextn_predict_layers):
         p = f"model.layers.{layer}."
         norm(p + "input_layernorm.weight", hidden)
         norm(p + "post_attention_layernorm.weight", hidden)
@@ -188,7 +191,7 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
         norm(a + "kv_a_layernorm.weight", config.kv_lora_rank)
         linear(a + "kv_b_proj", heads * (config.qk_nope_head_dim + config.v_head_dim), config.kv_lora_rank)
         linear(a + "o_proj", hidden, heads * config.v_head_dim)
-        if config.has_indexer and config.indexer_types[layer] == "full":
+        if config.has_indexer and config.indexer_type(layer) == "full":
             i = a + "indexer."
             linear(i + "wq_b", config.index_n_heads * config.index_head_dim, config.q_lora_rank)
             linear(i + "wk", config.index_head_dim, hidden)
@@ -196,7 +199,7 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
             tensors[i + "k_norm.bias"] = ("F32", 0.1 * rng.standard_normal(config.index_head_dim))
             linear(i + "weights_proj", config.index_n_heads, hidden, quantizable=False)
         m = p + "mlp"
-        if config.mlp_layer_types[layer] == "dense":
+        if config.mlp_type(layer) == "dense":
             mlp(m, config.intermediate_size)
         else:
             linear(m + ".gate", config.n_routed_experts, hidden, quantizable=False)
@@ -204,6 +207,16 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
             for expert in range(config.n_routed_experts):
                 mlp(f"{m}.experts.{expert}", config.moe_intermediate_size)
             mlp(m + ".shared_experts", config.moe_intermediate_size * config.n_shared_experts)
+    if config.num_nextn_predict_layers:
+        p = f"model.layers.{config.num_layers}."
+        norm(p + "enorm.weight", hidden)
+        norm(p + "hnorm.weight", hidden)
+        linear(p + "eh_proj", hidden, 2 * hidden)
+        norm(p + "shared_head.norm.weight", hidden)
+        tensors[p + "shared_head.head.weight"] = (
+            "BF16",
+            rng.standard_normal((config.vocab_size, hidden)) / math.sqrt(hidden),
+        )
 
     names = list(tensors)
     if shards == 1:
@@ -533,6 +546,263 @@ def test_command_line(tmp):
     assert [layer["indexer"] for layer in written["layers"]] == ["full"] * 4
 
 
+# ---------------------------------------------------------------- multi-token prediction
+
+
+def _mtp_dirs(tmp):
+    """The three checkpoints of _model_dirs with the same seeds plus one MTP layer each."""
+    dirs = {
+        "deepseek_v3": os.path.join(tmp, "v3_mtp"),
+        "deepseek_v32": os.path.join(tmp, "v32_mtp"),
+        "glm_moe_dsa": os.path.join(tmp, "glm_mtp"),
+    }
+    if not os.path.exists(dirs["deepseek_v3"]):
+        mtp = {"num_nextn_predict_layers": 1}
+        make_checkpoint(dirs["deepseek_v3"], dict(v3_config(), **mtp), 10, "BF16", "F32")
+        make_checkpoint(dirs["deepseek_v32"], dict(v32_config(), **mtp), 11, "F8_E4M3", "BF16", shards=2)
+        make_checkpoint(
+            dirs["glm_moe_dsa"], dict(glm_config(), **mtp), 12, "BF16", "F16", tied_store="lm_head.weight"
+        )
+    return dirs
+
+
+def mtp_reference(model_dir, dense_window=2051, attention="plain", index_topk=None):
+    config, checkpoint = ref.load(model_dir)
+    if index_topk is not None:
+        config.index_topk = index_topk
+    return ref.Reference(config, checkpoint, dense_window, attention)
+
+
+def test_mtp_layer_types(_):
+    mtp = {"num_nextn_predict_layers": 1}
+    # first_k_dense_replace applied to index num_hidden_layers (4).
+    assert ref.Config(dict(v3_config(), **mtp)).mlp_type(4) == "sparse"
+    assert ref.Config(dict(v3_config(), first_k_dense_replace=4, **mtp)).mlp_type(4) == "sparse"
+    assert ref.Config(dict(v3_config(), first_k_dense_replace=5, **mtp)).mlp_type(4) == "dense"
+    # A per-layer list names only the main layers; GLM-5's MTP layer is MoE even after dense ones.
+    glm = dict(glm_config(), mlp_layer_types=["dense"] * 4, **mtp)
+    assert ref.Config(glm).mlp_type(4) == "sparse"
+    no_experts = {k: v for k, v in v3_config().items() if k != "n_routed_experts"}
+    assert ref.Config(dict(no_experts, first_k_dense_replace=9, **mtp)).mlp_type(4) == "dense"
+    # Layer 4 of this schedule would be shared (max(4 - 2 + 1, 0) % 2 == 1); the MTP's is full.
+    five = dict(glm_config(), num_hidden_layers=5, mlp_layer_types=["dense"] + ["sparse"] * 4)
+    assert ref.Config(five).indexer_types[4] == "shared"
+    assert ref.Config(dict(glm_config(), **mtp)).indexer_type(4) == "full"
+    assert ref.Config(glm_config()).num_nextn_predict_layers == 0
+
+
+def test_mtp_leaves_main_model_alone(tmp):
+    plain, mtp = _model_dirs(tmp), _mtp_dirs(tmp)
+    for model_type in plain:
+        a, _ = run(plain[model_type], dense_window=4)
+        b, _ = run(mtp[model_type], dense_window=4)
+        assert torch.equal(a, b), model_type
+
+
+def test_mtp_independent(tmp):
+    """The MTP input, written out per position: [enorm(embed(t_{j+1})), hnorm(h_j)] through
+    eh_proj, embedding zeroed at position 0, h_j after model.norm; then the layer at index L
+    and shared_head. Also shows that the other concat order and an unmasked position 0 would
+    be caught."""
+    for model_type, directory in _mtp_dirs(tmp).items():
+        r = mtp_reference(directory, dense_window=4)
+        config, checkpoint = r.config, r.checkpoint
+        L, eps = config.num_layers, config.rms_norm_eps
+
+        def w(name):
+            return checkpoint.get(f"model.layers.{L}.{name}")
+
+        def rms(vector, weight):
+            return vector / math.sqrt(float((vector * vector).mean()) + eps) * weight
+
+        with torch.no_grad():
+            got = r.mtp_logits(TOKENS)
+            main_logits, _ = r.forward(TOKENS)
+            hidden, _ = r.hidden_states(TOKENS)
+            head = checkpoint.get("lm_head.weight")  # stored in all three (glm: tied, lm_head only)
+            # Post-norm: the head applied to these states is the model's output, and divided by
+            # model.norm's weight each row has unit RMS (up to eps).
+            assert max_diff(hidden @ head.T, main_logits) < 1e-12, model_type
+            unit = (hidden / checkpoint.get("model.norm.weight")).pow(2).mean(-1)
+            assert max_diff(unit, torch.ones_like(unit)) < 1e-4, (model_type, unit)
+            embedding = head if config.tie_word_embeddings else checkpoint.get("model.embed_tokens.weight")
+            positions = len(TOKENS) - 1
+            cos, sin = ref.rope_tables(config, positions)
+
+            def mtp(order, mask):
+                rows = []
+                for j in range(positions):
+                    e = embedding[TOKENS[j + 1]] * (0.0 if j == 0 and mask else 1.0)
+                    parts = {"e": rms(e, w("enorm.weight")), "h": rms(hidden[j], w("hnorm.weight"))}
+                    rows.append(w("eh_proj.weight") @ torch.cat([parts[c] for c in order]))
+                y, _ = r._decoder_layer(L, torch.stack(rows), cos, sin, None)
+                normed = torch.stack([rms(row, w("shared_head.norm.weight")) for row in y])
+                return normed @ w("shared_head.head.weight").T
+
+            want = mtp("eh", mask=True)
+            assert got.shape == (positions, config.vocab_size)
+            assert max_diff(got, want) < 1e-12, (model_type, max_diff(got, want))
+            assert max_diff(got, mtp("he", mask=True)) > 1e-3, model_type
+            unmasked = mtp("eh", mask=False)
+            assert float((got[0] - unmasked[0]).abs().max()) > 1e-3, model_type
+
+
+def test_mtp_position_zero_ignores_its_token(tmp):
+    for model_type, directory in _mtp_dirs(tmp).items():
+        r = mtp_reference(directory, dense_window=4)
+        changed = list(TOKENS)
+        changed[1] = (changed[1] + 1) % 64
+        with torch.no_grad():
+            a, b = r.mtp_logits(TOKENS), r.mtp_logits(changed)
+        assert torch.equal(a[0], b[0]), model_type  # h_0 sees t_0 only, and e_0 is masked
+        assert all(float((a[j] - b[j]).abs().max()) > 1e-6 for j in range(1, len(TOKENS) - 1)), model_type
+
+
+def test_mtp_causal_absorbed_and_own_indexer(tmp):
+    for model_type, directory in _mtp_dirs(tmp).items():
+        r = mtp_reference(directory, dense_window=4, index_topk=3)
+        with torch.no_grad():
+            full, selection = r.mtp_forward(TOKENS)
+            prefix = r.mtp_logits(TOKENS[:9])
+            absorbed = mtp_reference(directory, 4, "absorbed", index_topk=3).mtp_logits(TOKENS)
+            dense = mtp_reference(directory, dense_window=len(TOKENS)).mtp_logits(TOKENS)
+        assert max_diff(full[:8], prefix) < 1e-10, model_type
+        assert max_diff(full, absorbed) < 1e-10, model_type
+        if model_type == "deepseek_v3":
+            assert selection == {} and max_diff(full, dense) < 1e-10
+            continue
+        # Its own top-3 past the window (index 4 would be a shared layer in glm's schedule).
+        assert sorted(selection) == list(range(4, len(TOKENS) - 1)), (model_type, selection)
+        for position, keys in selection.items():
+            assert len(keys) == 3 and keys == sorted(keys) and keys[-1] <= position, (position, keys)
+        assert max_diff(full[:4], dense[:4]) < 1e-12, model_type
+        assert all(max_diff(full[p], dense[p]) > 1e-6 for p in range(5, len(TOKENS) - 1)), model_type
+
+
+def test_mtp_first_draft_is_teacher_forced(tmp):
+    for model_type, directory in _mtp_dirs(tmp).items():
+        r = mtp_reference(directory, dense_window=4)
+        for n in (1, 6, len(TOKENS) - 1):
+            with torch.no_grad():
+                drafts, step_logits = r.mtp_draft_steps(TOKENS[:n], TOKENS[n], 1)
+                teacher = r.mtp_logits(TOKENS[: n + 1])
+            assert max_diff(step_logits[0], teacher[n - 1]) < 1e-12, (model_type, n)
+            assert drafts == [int(teacher[n - 1].argmax())], (model_type, n)
+
+
+def test_mtp_recursion_feeds_its_own_hidden(tmp):
+    """Step 2's hidden input is the MTP's own y at position n-1 (before shared_head.norm), not
+    the main model's h_n nor the normed y."""
+    n = 6
+    for model_type, directory in _mtp_dirs(tmp).items():
+        r = mtp_reference(directory, dense_window=4)
+        s = TOKENS[n]
+        with torch.no_grad():
+            drafts, step_logits = r.mtp_draft_steps(TOKENS[:n], s, 3)
+            assert drafts == [int(row.argmax()) for row in step_logits] and len(drafts) == 3
+            assert r.mtp_draft(TOKENS[:n], s, 3) == drafts
+            hidden, _ = r.hidden_states(TOKENS[:n])
+            inputs = TOKENS[1:n] + [s, drafts[0]]
+            y1, _ = r._mtp_layer(hidden, TOKENS[1:n] + [s])
+
+            def step2(last_hidden):
+                y2, _ = r._mtp_layer(torch.cat((hidden, last_hidden[None])), inputs)
+                return r._mtp_head(y2[-1:])[0]
+
+            assert max_diff(step2(y1[-1]), step_logits[1]) < 1e-12, model_type
+            main_next, _ = r.hidden_states(TOKENS[:n] + [s])
+            assert max_diff(step2(main_next[-1]), step_logits[1]) > 1e-3, model_type
+            prefix = f"model.layers.{r.config.num_layers}."
+            normed = ref.rms_norm(
+                y1[-1], r.checkpoint.get(prefix + "shared_head.norm.weight"), r.config.rms_norm_eps
+            )
+            assert max_diff(step2(normed), step_logits[1]) > 1e-6, model_type
+            # Step 3 appends y at position n from step 2 and draft 2.
+            y2, _ = r._mtp_layer(torch.cat((hidden, y1[-1:])), inputs)
+            y3, _ = r._mtp_layer(torch.cat((hidden, y1[-1:], y2[-1:])), inputs + [drafts[1]])
+            assert max_diff(r._mtp_head(y3[-1:])[0], step_logits[2]) < 1e-12, model_type
+
+
+def test_mtp_shared_head_falls_back_to_lm_head(tmp):
+    r = mtp_reference(_mtp_dirs(tmp)["deepseek_v3"], dense_window=4)
+    name = f"model.layers.{r.config.num_layers}.shared_head.head.weight"
+    with torch.no_grad():
+        own = r.mtp_logits(TOKENS)
+        hidden, _ = r.hidden_states(TOKENS)
+        y, _ = r._mtp_layer(hidden[:-1], TOKENS[1:])
+        normed = ref.rms_norm(
+            y, r.checkpoint.get(name.replace("head.weight", "norm.weight")), r.config.rms_norm_eps
+        )
+        assert max_diff(own, normed @ r.checkpoint.get(name).T) < 1e-12
+        del r.checkpoint.entries[name]
+        fallback = r.mtp_logits(TOKENS)
+    assert max_diff(fallback, normed @ r.checkpoint.get("lm_head.weight").T) < 1e-12
+    assert max_diff(fallback, own) > 1e-3
+
+
+def test_mtp_refused_without_the_layer(tmp):
+    r = mtp_reference(_model_dirs(tmp)["deepseek_v3"])
+    for call in (lambda: r.mtp_logits(TOKENS), lambda: r.mtp_draft(TOKENS, 1, 2)):
+        try:
+            call()
+        except SystemExit as e:
+            assert "num_nextn_predict_layers" in str(e), e
+        else:
+            raise AssertionError("an MTP call on a checkpoint without an MTP layer returned")
+    r.config.num_nextn_predict_layers = 1  # declared, but no tensors
+    try:
+        r.mtp_logits(TOKENS)
+    except SystemExit as e:
+        assert "eh_proj" in str(e), e
+    else:
+        raise AssertionError("an MTP call without eh_proj returned")
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "deepseek_reference.py"),
+            "--model",
+            _model_dirs(tmp)["deepseek_v3"],
+            "--tokens",
+            "1,2,3",
+            "--out",
+            os.path.join(tmp, "unused.bin"),
+            "--mtp_out",
+            os.path.join(tmp, "unused_mtp.bin"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0 and "no MTP layer" in result.stderr, result
+
+
+def test_mtp_command_line(tmp):
+    directory = _mtp_dirs(tmp)["deepseek_v32"]
+    out, mtp_out = os.path.join(tmp, "main.bin"), os.path.join(tmp, "mtp.bin")
+    dump_path, draft_path = os.path.join(tmp, "mtp_topk.json"), os.path.join(tmp, "drafts.json")
+    script = os.path.join(HERE, "deepseek_reference.py")
+    tokens = ",".join(map(str, TOKENS))
+    common = [sys.executable, script, "--model", directory, "--tokens", tokens, "--dense_window", "4"]
+    subprocess.run(common + ["--out", out, "--mtp_out", mtp_out, "--dump_topk", dump_path], check=True)
+    r = mtp_reference(directory, dense_window=4)
+    with torch.no_grad():
+        expected, selection = r.mtp_forward(TOKENS)
+        drafts = r.mtp_draft(TOKENS, 7, 3)
+    written = np.fromfile(mtp_out, dtype="<f8").reshape(len(TOKENS) - 1, 64)
+    assert np.abs(written - expected.numpy()).max() < 1e-12
+    assert np.fromfile(out, dtype="<f8").size == len(TOKENS) * 64
+    with open(dump_path) as f:
+        mtp_dump = json.load(f)["mtp"]
+    assert mtp_dump["layer"] == 4 and mtp_dump["indexer"] == "full"
+    assert {int(p): s for p, s in mtp_dump["selected"].items()} == selection
+    draft_args = ["--mtp_draft", "3", "--mtp_next", "7", "--mtp_draft_out", draft_path]
+    result = subprocess.run(common + ["--out", out] + draft_args, check=True, capture_output=True, text=True)
+    assert json.loads(result.stdout) == {"drafts": drafts}, result.stdout
+    with open(draft_path) as f:
+        assert json.load(f) == {"drafts": drafts}
+    bad = subprocess.run(common + ["--out", out, "--mtp_draft", "2"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--mtp_next" in bad.stderr, bad
+
+
 TESTS = [
     test_e4m3_table,
     test_safetensors_dtypes,
@@ -546,6 +816,16 @@ TESTS = [
     test_indexer_scores_independent,
     test_tied_embedding_either_name,
     test_command_line,
+    test_mtp_layer_types,
+    test_mtp_leaves_main_model_alone,
+    test_mtp_independent,
+    test_mtp_position_zero_ignores_its_token,
+    test_mtp_causal_absorbed_and_own_indexer,
+    test_mtp_first_draft_is_teacher_forced,
+    test_mtp_recursion_feeds_its_own_hidden,
+    test_mtp_shared_head_falls_back_to_lm_head,
+    test_mtp_refused_without_the_layer,
+    test_mtp_command_line,
 ]
 
 

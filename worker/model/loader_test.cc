@@ -574,5 +574,93 @@ TEST(SyntheticTest, RejectsBadOptionsAndPresets) {
   EXPECT_EQ(p->dtype, DType::kFP8E4M3);
 }
 
+// The MTP layer sits at index num_hidden_layers, shaped as DeepSeek-V3 and
+// GLM-5 publish it, and leaves the main model's tensors and loading alone.
+TEST(SyntheticTest, MtpLayerFollowsThePublishedLayout) {
+  const std::string dir = TestDir();
+  struct Case {
+    const char* preset;
+    DType dtype;
+  };
+  for (const Case& k : {Case{"deepseek-tiny", DType::kFP8E4M3}, Case{"glm5-tiny", DType::kBF16}}) {
+    SCOPED_TRACE(k.preset);
+    absl::StatusOr<SyntheticModelOptions> o = SyntheticPreset(k.preset);
+    ASSERT_TRUE(o.ok());
+    o->dtype = k.dtype;
+    o->out_dir = dir + "/" + k.preset + "-plain";
+    ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+    o->out_dir = dir + "/" + k.preset + "-mtp";
+    o->mtp_layers = 1;
+    ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+    const int L = o->layers;
+    const std::string p = "model.layers." + std::to_string(L) + ".";
+
+    nlohmann::json plain_cfg =
+        nlohmann::json::parse(ReadBytes(dir + "/" + k.preset + "-plain/config.json"));
+    EXPECT_FALSE(plain_cfg.contains("num_nextn_predict_layers"));
+    nlohmann::json cfg = nlohmann::json::parse(ReadBytes(o->out_dir + "/config.json"));
+    EXPECT_EQ(cfg["num_nextn_predict_layers"], 1);
+    EXPECT_EQ(cfg["num_hidden_layers"], L);
+
+    absl::StatusOr<SafetensorsFile> plain =
+        SafetensorsFile::Open(dir + "/" + k.preset + "-plain/model.safetensors");
+    absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(o->out_dir + "/model.safetensors");
+    ASSERT_TRUE(plain.ok() && f.ok());
+    for (const SafetensorsTensor& t : plain->tensors()) {
+      EXPECT_EQ(t.name.rfind(p, 0), std::string::npos) << t.name;
+      const SafetensorsTensor* same = f->Find(t.name);
+      ASSERT_NE(same, nullptr) << t.name;
+      ASSERT_EQ(same->size_bytes, t.size_bytes) << t.name;
+      EXPECT_EQ(std::memcmp(same->data, t.data, t.size_bytes), 0) << t.name;
+    }
+    auto expect = [&](const std::string& name, std::vector<int64_t> shape, DType dtype) {
+      const SafetensorsTensor* t = f->Find(p + name);
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(t->shape, shape) << name;
+      EXPECT_EQ(t->dtype, dtype) << name;
+    };
+    const int64_t H = o->hidden;
+    expect("enorm.weight", {H}, DType::kF32);
+    expect("hnorm.weight", {H}, DType::kF32);
+    expect("eh_proj.weight", {H, 2 * H}, k.dtype);
+    expect("shared_head.norm.weight", {H}, DType::kF32);
+    expect("shared_head.head.weight", {o->vocab, H}, k.dtype);
+    expect("input_layernorm.weight", {H}, DType::kF32);
+    expect("self_attn.kv_b_proj.weight",
+           {int64_t{o->heads} * (o->qk_nope_head_dim + o->v_head_dim), o->kv_lora_rank}, k.dtype);
+    // Past first_k_dense (and past GLM's mlp_layer_types list): MoE.
+    expect("mlp.gate.weight", {o->n_routed_experts, H}, DType::kF32);
+    EXPECT_EQ(f->Find(p + "mlp.gate_proj.weight"), nullptr);
+    EXPECT_EQ(f->Find(p + "embed_tokens.weight"), nullptr);
+    if (k.dtype == DType::kFP8E4M3) expect("eh_proj.weight_scale_inv", {1, 1}, DType::kF32);
+    if (o->family == "glm_moe_dsa") {
+      expect("self_attn.indexer.wk.weight", {o->index_head_dim, H}, k.dtype);
+    } else {
+      EXPECT_EQ(f->Find(p + "self_attn.indexer.wk.weight"), nullptr);
+    }
+
+    absl::StatusOr<std::unique_ptr<ModelWeights>> w = LoadModel(o->out_dir);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config.layers, L);
+  }
+}
+
+TEST(SyntheticTest, MtpLayersRejectedOutsideTheDeepseekFamily) {
+  absl::StatusOr<SyntheticModelOptions> o = SyntheticPreset("deepseek-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = TestDir();
+  o->mtp_layers = 2;
+  absl::Status s = WriteSyntheticModel(*o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("mtp_layers"));
+  o = SyntheticPreset("tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = TestDir();
+  o->mtp_layers = 1;
+  s = WriteSyntheticModel(*o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("mtp_layers"));
+}
+
 }  // namespace
 }  // namespace ringlane::worker

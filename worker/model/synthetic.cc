@@ -187,6 +187,7 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
       j["moe_layer_freq"] = 1;
     }
   }
+  if (o.mtp_layers > 0) j["num_nextn_predict_layers"] = o.mtp_layers;
   if (c.indexer.topk > 0) {
     j["index_topk"] = c.indexer.topk;
     j["index_n_heads"] = c.indexer.heads;
@@ -215,10 +216,22 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// One layer of the DeepSeek family in transformers' names and order.
+// Whether layer `l` has MoE; l == c.layers is the MTP layer. That one follows
+// first_k_dense_replace as a main layer at its index would, but an
+// mlp_layer_types list (glm_moe_dsa) names only the main layers, and GLM-5's
+// MTP layer past them is sparse.
+bool SparseLayer(const ModelConfig& c, const SyntheticModelOptions& o, int l) {
+  if (c.moe.n_routed == 0) return false;
+  if (l < c.layers) return c.moe.sparse_layer[l];
+  return o.family == "glm_moe_dsa" || l >= o.first_k_dense;
+}
+
+// One layer of the DeepSeek family in transformers' names and order. The MTP
+// layer (l == c.layers) always has its own indexer: there is no earlier layer
+// of its stack to share one with.
 template <typename AddMatrix, typename AddVector>
-void AddDeepseekLayer(const ModelConfig& c, int l, DType dtype, AddMatrix& add_matrix,
-                      AddVector& add_vector) {
+void AddDeepseekLayer(const ModelConfig& c, const SyntheticModelOptions& o, int l, DType dtype,
+                      AddMatrix& add_matrix, AddVector& add_vector) {
   const std::string p = absl::StrCat("model.layers.", l, ".");
   const MlaConfig& m = c.mla;
   const int64_t H = c.hidden, heads = c.heads;
@@ -238,7 +251,7 @@ void AddDeepseekLayer(const ModelConfig& c, int l, DType dtype, AddMatrix& add_m
   add_matrix(a + "kv_b_proj.weight", Kind::kLinear, heads * (m.qk_nope_head_dim + m.v_head_dim),
              m.kv_lora_rank, dtype);
   add_matrix(a + "o_proj.weight", Kind::kLinear, H, heads * m.v_head_dim, dtype);
-  if (c.indexer.topk > 0 && c.indexer.FullLayer(l)) {
+  if (c.indexer.topk > 0 && (l >= c.layers || c.indexer.FullLayer(l))) {
     const IndexerConfig& x = c.indexer;
     add_matrix(a + "indexer.wq_b.weight", Kind::kLinear, int64_t{x.heads} * x.head_dim,
                m.q_lora_rank, dtype);
@@ -256,7 +269,7 @@ void AddDeepseekLayer(const ModelConfig& c, int l, DType dtype, AddMatrix& add_m
     add_matrix(q + "down_proj.weight", Kind::kLinear, H, inter, dtype);
   };
   const MoeConfig& e = c.moe;
-  if (e.n_routed == 0 || !e.sparse_layer[l]) {
+  if (!SparseLayer(c, o, l)) {
     mlp(p + "mlp.", c.intermediate);
     return;
   }
@@ -391,6 +404,14 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
       c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = 1.0f;
     }
   }
+  if (o.mtp_layers != 0 && o.mtp_layers != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("synthetic model: mtp_layers must be 0 or 1, got ", o.mtp_layers));
+  }
+  if (o.mtp_layers != 0 && !deepseek) {
+    return absl::InvalidArgumentError(
+        "synthetic model: mtp_layers needs a DeepSeek-family model; llama has no MTP layer");
+  }
   if (absl::Status s = ValidateConfig(c); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic model: ", s.message()));
   }
@@ -417,7 +438,7 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   add_matrix("model.embed_tokens.weight", Kind::kEmbedding, c.vocab, H,
              fp8 ? DType::kBF16 : o.dtype);
   for (int l = 0; l < c.layers && deepseek; ++l) {
-    AddDeepseekLayer(c, l, o.dtype, add_matrix, add_vector);
+    AddDeepseekLayer(c, o, l, o.dtype, add_matrix, add_vector);
   }
   for (int l = 0; l < c.layers && !deepseek; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -433,6 +454,18 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   }
   add_norm("model.norm.weight");
   if (!c.tie_embeddings) add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);
+  // Last, as the published checkpoints keep the MTP layer in their last shards.
+  // shared_head.head is written even with tied embeddings: DeepSeek-V3 stores
+  // its own copy.
+  if (o.mtp_layers == 1) {
+    const std::string p = absl::StrCat("model.layers.", c.layers, ".");
+    add_norm(p + "enorm.weight");
+    add_norm(p + "hnorm.weight");
+    add_matrix(p + "eh_proj.weight", Kind::kLinear, H, 2 * H, o.dtype);
+    AddDeepseekLayer(c, o, c.layers, o.dtype, add_matrix, add_vector);
+    add_norm(p + "shared_head.norm.weight");
+    add_matrix(p + "shared_head.head.weight", Kind::kLinear, c.vocab, H, o.dtype);
+  }
   if (static_cast<size_t>(o.shards) > plan.size()) {
     return absl::InvalidArgumentError(absl::StrCat("synthetic model: shards (", o.shards,
                                                    ") exceeds the number of tensors (", plan.size(),

@@ -70,6 +70,12 @@ struct SyntheticModelOptions {
   // > 1: YaRN RoPE scaling with original_max_position_embeddings =
   // max_position / yarn_factor and mscale = mscale_all_dim = 1.
   float yarn_factor = 0.0f;
+  // DeepSeek family only: 1 adds one multi-token-prediction layer as the
+  // published checkpoints store it, under model.layers.{layers}. (enorm, hnorm,
+  // eh_proj, a full decoder layer with its own indexer, shared_head; no
+  // embed_tokens, which is the main model's), and writes
+  // num_nextn_predict_layers: 1. num_hidden_layers stays `layers`.
+  int mtp_layers = 0;
 };
 
 // Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:
