@@ -42,7 +42,7 @@ struct Config {
   // Rank 0 runs a draft model: the target itself (its greedy continuation,
   // so drafts are often right), or a random model with its vocabulary
   // (nearly always wrong).
-  enum class Draft { kNone, kSelf, kRandom, kLayers } draft = Draft::kNone;
+  enum class Draft { kNone, kSelf, kRandom, kLayers, kMtp } draft = Draft::kNone;
 };
 
 const std::vector<Config>& Configs() {
@@ -70,6 +70,12 @@ const std::vector<Config>& Configs() {
        false,
        false,
        Config::Draft::kSelf},
+      // The checkpoint's MTP layer (--draft_mtp), on models that have one.
+      {"model-mtp",
+       {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=4"},
+       false,
+       false,
+       Config::Draft::kMtp},
       // The model's own first layer as its drafter (--draft_layers).
       {"model-layers",
        {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=4"},
@@ -119,6 +125,9 @@ struct Model {
   bool ngram_accepts = true;
   // The model's path, for the worker's --draft_model.
   std::string path;
+  // It has an MTP layer (--draft_mtp).
+  bool mtp = false;
+  int world = 1;
 };
 
 // A random model with the vocabulary (512) every model here has, and a
@@ -176,6 +185,7 @@ Model DeepseekDsa() {
   EXPECT_TRUE(o.ok());
   o->out_dir = ::testing::TempDir() + "/rl_spec_dsa_" + std::to_string(getpid());
   o->index_topk = 8;
+  o->mtp_layers = 1;
   EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
   // Its random weights never continue a prompt's copied half the way
   // prompt lookup guesses (64 drafts, none right), so ngram shows only
@@ -186,7 +196,9 @@ Model DeepseekDsa() {
           {},
           {},
           /*ngram_accepts=*/false,
-          o->out_dir};
+          o->out_dir,
+          /*mtp=*/true,
+          /*world=*/2};
   for (bool sampled : {false, true}) {
     for (int p = 0; p < 3; ++p) {
       std::vector<int32_t> prompt;
@@ -226,11 +238,14 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
   const Model m = GetParam()();
   std::vector<ChoiceOut> reference;
   for (const Config& cfg : Configs()) {
+    if (cfg.draft == Config::Draft::kMtp && !m.mtp) continue;
     SCOPED_TRACE(absl::StrCat(m.name, ", speculation ", cfg.name));
     testing::ClusterOptions co;
+    co.world = m.world;
     co.worker_flags = m.worker_flags;
     if (cfg.draft == Config::Draft::kSelf) co.worker_flags.push_back("--draft_model=" + m.path);
     if (cfg.draft == Config::Draft::kLayers) co.worker_flags.push_back("--draft_layers=1");
+    if (cfg.draft == Config::Draft::kMtp) co.worker_flags.push_back("--draft_mtp");
     if (cfg.draft == Config::Draft::kRandom) {
       co.worker_flags.push_back("--draft_model=" + RandomDraftModel());
     }
@@ -270,6 +285,11 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
       EXPECT_GT(accepted, 0);
     }
     if (cfg.expect_rejected) EXPECT_GT(rejected, 0);
+    if (cfg.draft == Config::Draft::kMtp) {
+      // Random weights: the MTP layer's guesses are rarely right, but it
+      // must have proposed and been verified.
+      EXPECT_GT(drafted, 0);
+    }
   }
 }
 

@@ -6,6 +6,13 @@
 //
 // The sequence is fed in prefill chunks of --chunk tokens, each asking for the
 // logits of all its positions, so chunked prefill is what is checked.
+//
+// MTP checkpoints (DeepSeek-V3 / GLM-5 with num_nextn_predict_layers):
+//   --mtp_out=FILE   also the MTP layer's teacher-forced logits [tokens - 1][vocab]:
+//                    row j from the model's hidden state at j and token j + 1
+//   --mtp_draft=K    instead: feed --tokens as a greedy lane's prompt through the
+//                    worker's round executor and MTP drafter (in --chunk chunks)
+//                    and print {"next": sampled token, "drafts": [K proposals]}
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -21,6 +28,9 @@
 #include "worker/backend/backend.h"
 #include "worker/dtype.h"
 #include "worker/model/model.h"
+#include "worker/model/shard.h"
+#include "worker/server/draft_runner.h"
+#include "worker/server/round_executor.h"
 
 ABSL_FLAG(std::string, model, "", "model directory or llama2.c checkpoint (required)");
 ABSL_FLAG(std::string, tokens, "", "comma-separated token ids (required)");
@@ -32,8 +42,72 @@ ABSL_FLAG(int, dense_window, 2051,
           "DSA models: positions with at most this many keys attend densely, the others to "
           "the indexer's top-k");
 
+ABSL_FLAG(std::string, mtp_out, "", "also write the MTP layer's teacher-forced float32 logits");
+ABSL_FLAG(int, mtp_draft, 0, "print the MTP drafter's K proposals after the greedy next token");
+
 namespace rw = ringlane::worker;
+namespace v1 = ringlane::v1;
 using ringlane::services::ExitWithUsageError;
+
+namespace {
+
+absl::Status Fail(const std::string& what) { return absl::InternalError(what); }
+
+// --mtp_draft: the prompt through a greedy lane of the round executor with
+// the MTP drafter on rank 0, as a worker runs it.
+absl::Status PrintMtpDraft(std::shared_ptr<const rw::ModelWeights> model,
+                           const std::vector<int32_t>& tokens, int chunk, int k, rw::DType kv,
+                           const rw::CpuBackendOptions& opt) {
+  auto target = rw::CreateCpuBackend(model, opt);
+  if (!target.ok()) return target.status();
+  auto view = rw::MtpDrafter(model);
+  if (!view.ok()) return view.status();
+  auto draft = rw::CreateCpuBackend(*view, opt);
+  if (!draft.ok()) return draft.status();
+  const int bs = 16;
+  const int blocks = (static_cast<int>(tokens.size()) + bs) / bs + 1;
+  const rw::KvPoolSpec pool{blocks, bs, kv};
+  if (absl::Status s = (*target)->AllocateKvPool(pool); !s.ok()) return s;
+  auto runner = rw::DraftRunner::Create(std::move(*draft), pool, model->config.vocab,
+                                        model->config.max_position);
+  if (!runner.ok()) return runner.status();
+  rw::RoundExecutor exec(target->get(), /*rank=*/0, nullptr, runner->get());
+  std::string json;
+  for (size_t p = 0; p < tokens.size(); p += chunk) {
+    const size_t n = std::min(tokens.size() - p, static_cast<size_t>(chunk));
+    const bool last = p + n == tokens.size();
+    v1::RoundPlan plan;
+    plan.set_round_id(p / chunk + 1);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(1);
+    row->set_start_position(static_cast<int64_t>(p));
+    row->mutable_token_ids()->Add(tokens.begin() + p, tokens.begin() + p + n);
+    for (int b = 0; b < (static_cast<int>(p + n) + bs - 1) / bs; ++b) row->add_block_ids(b);
+    if (p == 0) {
+      row->mutable_sampling()->set_temperature(0);
+      row->mutable_sampling()->set_seed(1);
+    }
+    if (last) {
+      row->set_sample_last(true);
+      row->set_propose_drafts(k);
+    }
+    auto res = exec.Run(plan);
+    if (!res.ok()) return res.status();
+    if (res->error().code() != 0) return Fail(res->error().message());
+    if (!last) continue;
+    if (res->outputs_size() != 1) return Fail("no output");
+    const v1::LaneOutput& o = res->outputs(0);
+    json = absl::StrCat("{\"next\": ", o.tokens(0).token_id(), ", \"drafts\": [");
+    for (int i = 0; i < o.draft_token_ids_size(); ++i) {
+      absl::StrAppend(&json, i ? ", " : "", o.draft_token_ids(i));
+    }
+    absl::StrAppend(&json, "]}");
+  }
+  std::printf("%s\n", json.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -64,14 +138,20 @@ int main(int argc, char** argv) {
   (*model)->config.indexer.dense_window = absl::GetFlag(FLAGS_dense_window);
   rw::CpuBackendOptions opt;
   opt.threads = absl::GetFlag(FLAGS_threads);
-  auto backend =
-      rw::CreateCpuBackend(std::shared_ptr<const rw::ModelWeights>(std::move(*model)), opt);
+  std::shared_ptr<const rw::ModelWeights> weights(std::move(*model));
+  if (const int k = absl::GetFlag(FLAGS_mtp_draft); k > 0) {
+    if (absl::Status s = PrintMtpDraft(weights, tokens, chunk, k, *kv, opt); !s.ok()) return die(s);
+    return 0;
+  }
+  const std::string mtp_path = absl::GetFlag(FLAGS_mtp_out);
+  auto backend = rw::CreateCpuBackend(weights, opt);
   if (!backend.ok()) return die(backend.status());
   const int bs = 16;
   const int blocks = (static_cast<int>(tokens.size()) + bs - 1) / bs;
   if (absl::Status s = (*backend)->AllocateKvPool({blocks, bs, *kv}); !s.ok()) return die(s);
 
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
+  std::vector<float> hidden;  // [tokens][hidden], final-normed, for --mtp_out
   rw::SeqStep seq;
   for (int b = 0; b < blocks; ++b) seq.block_ids.push_back(b);
   for (size_t p = 0; p < tokens.size(); p += chunk) {
@@ -82,13 +162,48 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < n; ++i) seq.logit_offsets.push_back(static_cast<int32_t>(i));
     rw::RoundInput in;
     in.seqs = {seq};
+    in.want_hidden = !mtp_path.empty();
     auto res = (*backend)->Step(in);
     if (!res.ok()) return die(res.status());
     const std::vector<float>& l = res->logits[0];
     out.write(reinterpret_cast<const char*>(l.data()),
               static_cast<std::streamsize>(l.size() * sizeof(float)));
+    if (in.want_hidden) {
+      if (res->hidden.empty()) return die(Fail("this model's graph returns no hidden states"));
+      hidden.insert(hidden.end(), res->hidden[0].begin(), res->hidden[0].end());
+    }
   }
   out.close();
   if (!out) return die(absl::InternalError(absl::StrCat("cannot write ", out_path)));
+  if (mtp_path.empty()) return 0;
+
+  // The MTP layer over positions 0 .. T-2, each from the hidden state at j
+  // and token j + 1, in the same chunks.
+  if (tokens.size() < 2) ExitWithUsageError("--mtp_out needs at least two tokens");
+  auto view = rw::MtpDrafter(weights);
+  if (!view.ok()) return die(view.status());
+  auto mtp = rw::CreateCpuBackend(*view, opt);
+  if (!mtp.ok()) return die(mtp.status());
+  if (absl::Status s = (*mtp)->AllocateKvPool({blocks, bs, *kv}); !s.ok()) return die(s);
+  const int64_t D = weights->config.hidden;
+  std::ofstream mout(mtp_path, std::ios::binary | std::ios::trunc);
+  const size_t rows = tokens.size() - 1;
+  for (size_t p = 0; p < rows; p += chunk) {
+    const size_t n = std::min(rows - p, static_cast<size_t>(chunk));
+    seq.start_position = static_cast<int64_t>(p);
+    seq.tokens.assign(tokens.begin() + p + 1, tokens.begin() + p + 1 + n);
+    seq.hidden_in.assign(hidden.begin() + p * D, hidden.begin() + (p + n) * D);
+    seq.logit_offsets.clear();
+    for (size_t i = 0; i < n; ++i) seq.logit_offsets.push_back(static_cast<int32_t>(i));
+    rw::RoundInput in;
+    in.seqs = {seq};
+    auto res = (*mtp)->Step(in);
+    if (!res.ok()) return die(res.status());
+    const std::vector<float>& l = res->logits[0];
+    mout.write(reinterpret_cast<const char*>(l.data()),
+               static_cast<std::streamsize>(l.size() * sizeof(float)));
+  }
+  mout.close();
+  if (!mout) return die(absl::InternalError(absl::StrCat("cannot write ", mtp_path)));
   return 0;
 }

@@ -50,6 +50,9 @@ ABSL_FLAG(std::string, draft_model, "",
 ABSL_FLAG(int, draft_layers, 0,
           "instead of --draft_model: rank 0 drafts with the model's own first N layers (its "
           "embedding, final norm and head on top; a self-drafter sharing the weights); 0 = none");
+ABSL_FLAG(bool, draft_mtp, false,
+          "rank 0 drafts with the checkpoint's MTP layer (DeepSeek-V3 / GLM-5 "
+          "num_nextn_predict_layers), fed the model's hidden states");
 ABSL_FLAG(std::string, model_id, "",
           "model id to report; default: the model's directory or file "
           "name without extension");
@@ -189,8 +192,10 @@ int main(int argc, char** argv) {
   }
   const int draft_layers = absl::GetFlag(FLAGS_draft_layers);
   if (draft_layers < 0) ExitWithUsageError("--draft_layers must be >= 0");
-  if (draft_layers > 0 && !draft_path.empty()) {
-    ExitWithUsageError("--draft_model and --draft_layers are two ways to draft; give one");
+  const bool draft_mtp = absl::GetFlag(FLAGS_draft_mtp);
+  if ((draft_layers > 0) + !draft_path.empty() + draft_mtp > 1) {
+    ExitWithUsageError(
+        "--draft_model, --draft_layers and --draft_mtp are three ways to draft; give one");
   }
   const int world = absl::GetFlag(FLAGS_world_size);
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -314,6 +319,15 @@ int main(int argc, char** argv) {
     RL_LOG(INFO) << "self-drafter: the model's first " << draft_layers << " of "
                  << shard->config.layers << " layers";
   }
+  if (draft_mtp && rank == 0) {
+    auto d = rw::MtpDrafter(shard);
+    if (!d.ok()) {
+      RL_LOG(ERROR) << "--draft_mtp: " << d.status().message();
+      return 1;
+    }
+    draft = *d;
+    RL_LOG(INFO) << "MTP drafter: the checkpoint's layer " << shard->config.layers;
+  }
   if (world > 1) {
     auto s = rw::ShardModel(shard, rank, world, {.expert_parallel = expert_parallel});
     if (!s.ok()) {
@@ -421,9 +435,9 @@ int main(int argc, char** argv) {
   id.world_size = world;
   id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
   if (draft != nullptr) {
-    id.draft_model_id = draft_path.empty()
-                            ? absl::StrCat(model_id, " (first ", draft_layers, " layers)")
-                            : ModelId(draft_path);
+    id.draft_model_id = !draft_path.empty() ? ModelId(draft_path)
+                        : draft_mtp         ? absl::StrCat(model_id, " (MTP layer)")
+                                    : absl::StrCat(model_id, " (first ", draft_layers, " layers)");
     id.max_proposed_drafts = rw::kMaxProposedDrafts;
   }
   if (cfg.moe.n_routed > 0) id.moe_sharding = expert_parallel && world > 1 ? "ep" : "tp";

@@ -23,6 +23,9 @@ struct SeqStep {
   // Indices into `tokens` whose next-token logits are wanted, e.g. the last
   // token of a finished prefill, or every verified draft position.
   std::vector<int32_t> logit_offsets;
+  // MTP drafters only (ModelConfig::mtp_drafter): per token, the hidden state
+  // it is drafted from ([tokens.size()][hidden]).
+  std::vector<float> hidden_in;
 };
 
 // Copy KV block `src` onto `dst` (every layer, every slot) before the
@@ -37,12 +40,19 @@ struct RoundInput {
   // Done in order, after validation and before the forward pass, so a
   // sequence may read positions a copy brought into its blocks.
   std::vector<BlockCopy> block_copies;
+  // Return each sequence's hidden states (RoundOutput::hidden): what an MTP
+  // drafter drafts from. Graphs without one return none.
+  bool want_hidden = false;
 };
 
 struct RoundOutput {
   // Per sequence: logit_offsets.size() rows of `vocab` floats, in order.
   std::vector<std::vector<float>> logits;
   int vocab = 0;
+  // With RoundInput::want_hidden, per sequence: [tokens.size()][hidden] of
+  // every new token: after the final norm for a model, the MTP layer's
+  // output (before its head's norm) for an MTP drafter. Empty otherwise.
+  std::vector<std::vector<float>> hidden;
 };
 
 }  // namespace ringlane::worker

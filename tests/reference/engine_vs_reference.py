@@ -23,6 +23,7 @@ experts' scores within float32 rounding) would flip a choice and fail a case;
 these seeds have none.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -64,10 +65,64 @@ CASES = {
 }
 
 
+# MTP layers (DeepSeek-V3 / GLM-5 num_nextn_predict_layers): the MTP layer's
+# teacher-forced logits against the reference's, within the same bound, and
+# the worker's MTP drafter (the round executor feeding the prompt in chunks of
+# the given sizes, then K recursive drafts) against the reference's greedy
+# drafts after the same next token, which must be equal.
+# name: (synth-model flags, tokens, chunk for the logits, draft chunks, K[, dense window])
+MTP_CASES = {
+    # GLM-5's layout, BF16, its own indexer in the MTP layer, past the window.
+    "mtp_glm_moe_dsa": (["--preset=glm5-tiny", "--mtp_layers=1", "--seed=29"], 120, 32,
+                        [1, 7, 120], 6, 48),
+    # DeepSeek-V3, FP8 block-scaled (eh_proj and shared_head.head too), MoE MTP layer.
+    "mtp_deepseek_v3_fp8": (["--preset=deepseek-tiny", "--mtp_layers=1", "--dtype=fp8",
+                             "--hidden=160", "--seed=31"], 90, 16, [1, 16], 5),
+}
+
+
 def run(cmd):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}")
+    return r.stdout
+
+
+def mtp_case(build, name, work):
+    flags, n_tokens, chunk, draft_chunks, k = MTP_CASES[name][:5]
+    window = MTP_CASES[name][5] if len(MTP_CASES[name]) > 5 else 2051
+    model = os.path.join(work, name)
+    run([os.path.join(build, "tools/ringlane-synth-model"), f"--out={model}"] + flags)
+    rng = np.random.default_rng(4321)
+    tokens = ",".join(str(t) for t in rng.integers(0, 512, n_tokens))
+    eng, ref = model + ".engine.f32", model + ".ref.f64"
+    logits = os.path.join(build, "tools/ringlane-logits")
+    common = [f"--model={model}", f"--tokens={tokens}", "--kv_dtype=f32", f"--dense_window={window}"]
+    run([logits] + common + [f"--chunk={chunk}", f"--out={eng}", f"--mtp_out={eng}.mtp"])
+    run([sys.executable, os.path.join(HERE, "deepseek_reference.py"), "--model", model, "--tokens",
+         tokens, "--out", ref, "--mtp_out", ref + ".mtp", "--dense_window", str(window)])
+    e = np.fromfile(eng + ".mtp", dtype="<f4").astype(np.float64).reshape(n_tokens - 1, -1)
+    r = np.fromfile(ref + ".mtp", dtype="<f8").reshape(n_tokens - 1, -1)
+    err = np.abs(e - r).max() / np.abs(r).max()
+    ok = err <= TOLERANCE
+    drafts = set()
+    for c in draft_chunks:
+        out = json.loads(run([logits] + common + [f"--chunk={c}", f"--out={eng}.x",
+                                                   f"--mtp_draft={k}"]).strip().splitlines()[-1])
+        drafts.add((out["next"], tuple(out["drafts"])))
+    (next_token, got), = drafts if len(drafts) == 1 else [(None, None)]
+    want = None
+    if next_token is not None:
+        want = tuple(json.loads(run([sys.executable, os.path.join(HERE, "deepseek_reference.py"),
+                                     "--model", model, "--tokens", tokens, "--out", ref + ".x",
+                                     "--dense_window", str(window), "--mtp_draft", str(k),
+                                     "--mtp_next", str(next_token)]).strip().splitlines()[-1])["drafts"])
+    same = next_token is not None and got == want
+    ok = ok and same
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: MTP logits of {n_tokens - 1} positions, max |engine - ref|"
+          f" / max |ref| = {err:.2e} (bound {TOLERANCE:.0e}); drafts over chunks {draft_chunks}:"
+          f" {sorted(drafts)}, reference {want}", flush=True)
+    return ok
 
 
 def one_case(build, name, work):
@@ -98,7 +153,7 @@ def one_case(build, name, work):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("build")
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=",".join(list(CASES) + list(MTP_CASES)))
     p.add_argument("--keep", default="")
     a = p.parse_args()
     work = a.keep or tempfile.mkdtemp(prefix="rl_reference_")
@@ -106,7 +161,8 @@ def main():
     passed = failed = 0
     for name in a.cases.split(","):
         try:
-            ok = one_case(os.path.abspath(a.build), name, work)
+            case = mtp_case if name in MTP_CASES else one_case
+            ok = case(os.path.abspath(a.build), name, work)
         except RuntimeError as e:
             print(f"FAIL {name}: {e}", flush=True)
             ok = False

@@ -194,6 +194,10 @@ class ComputeOps {
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;
   // x = x + y over n floats (the residual stream).
   virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // Host memory into a buffer of the backend's, and back (MTP hidden
+  // states in and out of a round).
+  virtual void Upload(const float* host, int64_t n, float* dst) = 0;
+  virtual void Download(const float* src, int64_t n, float* host) = 0;
 
   // The tensor-parallel group: its size (1 without one), the all-reduce that
   // sums a row-parallel layer's partial outputs, and the all-gather of the

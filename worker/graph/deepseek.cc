@@ -34,6 +34,8 @@ enum Slot : int {
   kIndexKeyRaw,   // [T][index_head_dim] before its LayerNorm
   kIndexKey,      // [T][index_head_dim]
   kIndexWeights,  // [T][index heads]
+  kMtpHidden,     // [T][hidden] an MTP drafter's hidden inputs
+  kMtpPart,       // [T][hidden] the normed hidden inputs
   kHead,          // RoundIndex::Head's five slots
 };
 
@@ -107,6 +109,7 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
   ops->Embed(model_->embed, shard_.vocab0, shard_.vocab, x);
   ops->PrepareRope(inv_freq_);
   if (absl::Status st = reduce(x, T * D); !st.ok()) return st;
+  if (cfg_.mtp_drafter) MtpInput(round, rows, ops, x);
 
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
@@ -125,8 +128,49 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
     ops->Add(x, tmp, T * D);
   }
 
+  if (round.want_hidden) Hidden(round, x, rows, ops, &out);
   if (absl::Status st = index_.Head(*model_, round, x, kHead, ops, &out); !st.ok()) return st;
   return out;
+}
+
+void DeepseekGraph::MtpInput(const RoundInput& round, int rows, ComputeOps* ops, float* x) {
+  const MtpWeights& m = *model_->mtp;
+  const int D = cfg_.hidden;
+  const int64_t T = rows;
+  float* xb = ops->Scratch(kXb, T * D);
+  float* h = ops->Scratch(kMtpHidden, T * D);
+  float* part = ops->Scratch(kMtpPart, T * D);
+  ops->RmsNorm(x, m.enorm, D, cfg_.rms_eps, xb, rows);
+  // Zeroing the normed embedding equals normalising a zeroed one.
+  zeros_.assign(static_cast<size_t>(D), 0.0f);
+  for (size_t s = 0; s < round.seqs.size(); ++s) {
+    const SeqStep& q = round.seqs[s];
+    const int64_t row0 = index_.seq_row0()[s];
+    ops->Upload(q.hidden_in.data(), static_cast<int64_t>(q.hidden_in.size()), h + row0 * D);
+    if (q.start_position == 0) ops->Upload(zeros_.data(), D, xb + row0 * D);
+  }
+  ops->RmsNorm(h, m.hnorm, D, cfg_.rms_eps, part, rows);
+  // eh_proj over the concatenation, as its two column halves.
+  ops->MatMul(m.eh_proj.Cols(0, D), xb, D, rows, x, D);
+  ops->MatMul(m.eh_proj.Cols(D, D), part, D, rows, h, D);
+  ops->Add(x, h, T * D);
+}
+
+void DeepseekGraph::Hidden(const RoundInput& round, const float* x, int rows, ComputeOps* ops,
+                           RoundOutput* out) {
+  const int D = cfg_.hidden;
+  const float* h = x;
+  if (!cfg_.mtp_drafter) {
+    float* normed = ops->Scratch(kXb, int64_t{rows} * D);
+    ops->RmsNorm(x, model_->final_norm, D, cfg_.rms_eps, normed, rows);
+    h = normed;
+  }
+  out->hidden.resize(round.seqs.size());
+  for (size_t s = 0; s < round.seqs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(round.seqs[s].tokens.size()) * D;
+    out->hidden[s].resize(static_cast<size_t>(n));
+    ops->Download(h + index_.seq_row0()[s] * D, n, out->hidden[s].data());
+  }
 }
 
 void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out) {

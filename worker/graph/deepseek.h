@@ -29,7 +29,13 @@
 // to those of the last full layer. The selection is a function of the row's
 // own query and the cached keys, so it is batch-invariant too.
 //
-// Not yet: MTP. Made by graph/factory.h.
+// MTP: the same graph runs an MTP drafter (ModelConfig::mtp_drafter, made by
+// MtpDrafter in model/shard.h): its input rows are
+// eh_proj([enorm(embed(token)), hnorm(hidden_in)]), the embedding zeroed at
+// position 0 (as vLLM runs DeepSeek's MTP), then its one layer and head; with
+// want_hidden a model returns its final-normed hidden states (what the MTP
+// layer reads) and a drafter the layer's output (what its next step reads).
+// Made by graph/factory.h.
 #ifndef RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
 #define RINGLANE_WORKER_GRAPH_DEEPSEEK_H_
 
@@ -72,6 +78,10 @@ class DeepseekGraph final : public ModelGraph {
   void Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops, float* out);
   void GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows, ComputeOps* ops,
                 float* out);
+  // An MTP drafter's input rows into x, which holds the embeddings.
+  void MtpInput(const RoundInput& round, int rows, ComputeOps* ops, float* x);
+  // The round's hidden states (want_hidden) from x into out->hidden.
+  void Hidden(const RoundInput& round, const float* x, int rows, ComputeOps* ops, RoundOutput* out);
 
   const std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
@@ -88,6 +98,7 @@ class DeepseekGraph final : public ModelGraph {
   // Per round, the DSA selection of the last full layer: [rows][topk]
   // positions and each row's count (0: dense).
   std::vector<int32_t> selected_, selected_count_;
+  std::vector<float> zeros_;  // [hidden], the masked embedding
 };
 
 }  // namespace ringlane::worker

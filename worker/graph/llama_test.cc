@@ -116,6 +116,14 @@ class CountingOps final : public ComputeOps {
     ++calls["Add"];
     real_.Add(x, y, n);
   }
+  void Upload(const float* host, int64_t n, float* dst) override {
+    ++calls["Upload"];
+    real_.Upload(host, n, dst);
+  }
+  void Download(const float* src, int64_t n, float* host) override {
+    ++calls["Download"];
+    real_.Download(src, n, host);
+  }
   int group_size() const override { return group_size_; }
   absl::Status AllReduceSum(float*, int64_t) override {
     if (calls["AllReduceSum"]++ == fail_at_) return absl::UnavailableError("peer gone");

@@ -15,6 +15,7 @@
 #include "worker/model/hf_config.h"
 #include "worker/model/model.h"
 #include "worker/model/rope.h"
+#include "worker/model/shard.h"
 #include "worker/model/synthetic.h"
 
 namespace ringlane::worker {
@@ -126,6 +127,54 @@ TEST(DeepseekConfigTest, ParsesGlm5) {
   EXPECT_EQ(c.indexer.heads, 32);
   EXPECT_EQ(c.indexer.head_dim, 128);
   EXPECT_TRUE(c.indexer.rope_interleave);
+  EXPECT_EQ(c.mtp_layers, 0);  // the test config names none
+  Json with_mtp = Glm5Config();
+  with_mtp["num_nextn_predict_layers"] = 1;
+  hf = ParseHfConfig(with_mtp.dump(), "glm5/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ(hf->config.mtp_layers, 1);
+  EXPECT_TRUE(hf->config.mtp_sparse);  // GLM's list names the main layers; MTP is MoE
+}
+
+// The MTP layer loads beside the model (its own indexer, MoE part, fusion
+// and head), and MtpDrafter views it as a one-layer drafter; without one,
+// the drafter is refused.
+TEST(DeepseekConfigTest, MtpLayerLoadsAndMakesADrafter) {
+  auto o = SyntheticPreset("glm5-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_mtp_load";
+  o->mtp_layers = 1;
+  ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+  auto w = LoadModel(o->out_dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::shared_ptr<const ModelWeights> full(std::move(*w));
+  ASSERT_NE(full->mtp, nullptr);
+  EXPECT_EQ(full->mtp->eh_proj.cols, 2 * full->config.hidden);
+  EXPECT_TRUE(full->mtp->layer.sparse);
+  EXPECT_GT(full->mtp->layer.indexer.wk.rows, 0);
+  auto d = MtpDrafter(full);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->config.layers, 1);
+  EXPECT_TRUE((*d)->config.mtp_drafter);
+  EXPECT_EQ((*d)->lm_head.data, full->mtp->head.data);
+  // A drafter round without hidden states is refused, not run.
+  auto b = CreateBackend(*d, BackendOptions{}, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*b)->AllocateKvPool({4, 16, DType::kF32}).ok());
+  RoundInput in;
+  in.seqs.push_back(SeqStep{.start_position = 0, .tokens = {1, 2}, .block_ids = {0}});
+  auto r = (*b)->Step(in);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("hidden"));
+
+  o->out_dir = ::testing::TempDir() + "/rl_mtp_none";
+  o->mtp_layers = 0;
+  ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+  auto none = LoadModel(o->out_dir);
+  ASSERT_TRUE(none.ok());
+  std::shared_ptr<const ModelWeights> plain(std::move(*none));
+  EXPECT_EQ(plain->mtp, nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(MtpDrafter(plain).status()));
 }
 
 TEST(DeepseekConfigTest, ParsesDeepseekV3WithYarn) {
@@ -186,6 +235,8 @@ TEST(DeepseekConfigTest, BadConfigsNameTheField) {
       {"first_k_dense_replace", -1, absl::StatusCode::kInvalidArgument, "first_k_dense_replace"},
       {"moe_intermediate_size", nullptr, absl::StatusCode::kInvalidArgument,
        "moe_intermediate_size"},
+      {"num_nextn_predict_layers", -1, absl::StatusCode::kInvalidArgument,
+       "num_nextn_predict_layers"},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(std::string(r.key) + " = " + r.value.dump());

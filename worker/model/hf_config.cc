@@ -292,6 +292,8 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
         }
         e.sparse_layer.push_back(t == "sparse");
       }
+      // The list names the main layers only; GLM's MTP layer is a MoE layer.
+      c->mtp_sparse = true;
     } else {
       int first_dense = 3;  // transformers' default for both families
       if (absl::Status s = GetInt(j, "first_k_dense_replace", path, &first_dense); !s.ok()) {
@@ -299,8 +301,13 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
       }
       if (first_dense < 0) return Invalid(path, "first_k_dense_replace", "must not be negative");
       for (int l = 0; l < c->layers; ++l) e.sparse_layer.push_back(l >= first_dense);
+      c->mtp_sparse = c->layers >= first_dense;
     }
   }
+  if (absl::Status s = GetInt(j, "num_nextn_predict_layers", path, &c->mtp_layers); !s.ok()) {
+    return s;
+  }
+  if (c->mtp_layers < 0) return Invalid(path, "num_nextn_predict_layers", "must not be negative");
 
   if (c->model_type != "deepseek_v3") {
     IndexerConfig& x = c->indexer;

@@ -505,6 +505,34 @@ absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWe
   return LoadAll(l, mats, vecs);
 }
 
+// The first MTP layer, model.layers.{layers}.*: a layer of the family (its
+// own indexer, the MoE or dense part as the config says) and the fusion and
+// head tensors. shared_head.head is optional (the model's lm_head then).
+absl::StatusOr<std::shared_ptr<const MtpWeights>> LoadMtpLayer(HfLoader& l, const TensorSource& src,
+                                                               const ModelWeights& w) {
+  const ModelConfig& c = w.config;
+  const int i = c.layers;
+  // LoadDeepseekLayer reads the per-layer choices at index i.
+  ModelConfig mc = c;
+  mc.moe.sparse_layer.push_back(c.mtp_sparse);
+  if (!mc.indexer.full_layer.empty()) mc.indexer.full_layer.push_back(true);
+  auto m = std::make_shared<MtpWeights>();
+  if (absl::Status s = LoadDeepseekLayer(l, mc, i, &m->layer); !s.ok()) return s;
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  const int64_t D = c.hidden;
+  std::vector<NamedMatrix> mats{{p + "eh_proj.weight", D, 2 * D, &m->eh_proj}};
+  std::vector<NamedVector> vecs{{p + "enorm.weight", D, &m->enorm},
+                                {p + "hnorm.weight", D, &m->hnorm},
+                                {p + "shared_head.norm.weight", D, &m->head_norm}};
+  if (src.Has(p + "shared_head.head.weight")) {
+    mats.push_back({p + "shared_head.head.weight", c.vocab, D, &m->head});
+  } else {
+    m->head = w.lm_head;
+  }
+  if (absl::Status s = LoadAll(l, mats, vecs); !s.ok()) return s;
+  return std::shared_ptr<const MtpWeights>(std::move(m));
+}
+
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -580,6 +608,11 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
   } else if (absl::Status s = l.GetMatrix("lm_head.weight", c.vocab, c.hidden, &w->lm_head);
              !s.ok()) {
     return s;
+  }
+  if (IsMla(c) && c.mtp_layers > 0) {
+    absl::StatusOr<std::shared_ptr<const MtpWeights>> mtp = LoadMtpLayer(l, *src, *w);
+    if (!mtp.ok()) return mtp.status();
+    w->mtp = *std::move(mtp);
   }
   const Matrix& probe = IsMla(c) ? w->layers[0].mla.wkv_a : w->layers[0].attn.wq;
   w->config.weight_dtype = probe.dtype;

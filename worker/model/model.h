@@ -111,6 +111,15 @@ struct ModelConfig {
   MlaConfig mla;
   MoeConfig moe;
   IndexerConfig indexer;
+  // num_nextn_predict_layers: MTP layers the checkpoint carries after its
+  // layers (the first is loaded, ModelWeights::mtp), and whether that layer's
+  // feed-forward part is MoE.
+  int mtp_layers = 0;
+  bool mtp_sparse = false;
+  // This model is an MTP drafter (MtpDrafter in shard.h): its one layer is
+  // the MTP block, whose input is eh_proj([enorm(embed(token)),
+  // hnorm(hidden)]) with SeqStep::hidden_in as the hidden state.
+  bool mtp_drafter = false;
 };
 
 // True for the families whose attention is MLA.
@@ -297,6 +306,19 @@ struct TpShard {
   int expert0 = 0, experts = 0;
 };
 
+// DeepSeek-V3 / GLM-5's multi-token prediction layer
+// (model.layers.{num_hidden_layers}.*): a decoder layer of the family fed
+// eh_proj([enorm(embed(t_{i+1})), hnorm(h_i)]), where h_i is the model's
+// final-normed hidden state at position i, predicting t_{i+2} through
+// head(head_norm(.)).
+struct MtpWeights {
+  LayerWeights layer;
+  std::vector<float> enorm, hnorm;  // [hidden]
+  Matrix eh_proj;                   // [hidden, 2 * hidden]
+  std::vector<float> head_norm;     // shared_head.norm [hidden]
+  Matrix head;                      // shared_head.head [vocab, hidden], or lm_head
+};
+
 struct ModelWeights {
   ModelConfig config;  // the whole model's shape, also in a shard
   TpShard shard;       // what the matrices below hold
@@ -311,6 +333,9 @@ struct ModelWeights {
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
   // A shard keeps the whole model it views alive.
   std::shared_ptr<const ModelWeights> keep_alive;
+  // The first MTP layer (config.mtp_layers > 0) of a whole model; null in a
+  // shard and without one. An MTP drafter view points at it too.
+  std::shared_ptr<const MtpWeights> mtp;
 };
 
 // Loads a Hugging Face-style directory (config.json plus model.safetensors or

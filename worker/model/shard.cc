@@ -161,4 +161,32 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
   return std::shared_ptr<const ModelWeights>(std::move(d));
 }
 
+absl::StatusOr<std::shared_ptr<const ModelWeights>> MtpDrafter(
+    std::shared_ptr<const ModelWeights> full) {
+  if (full->mtp == nullptr) {
+    return absl::InvalidArgumentError(
+        "the model has no MTP layer (config.json's num_nextn_predict_layers is 0 or absent)");
+  }
+  if (full->shard.world > 1) {
+    return absl::InvalidArgumentError("an MTP drafter is cut from the whole model, not a shard");
+  }
+  auto d = std::make_shared<ModelWeights>();
+  d->config = full->config;
+  ModelConfig& c = d->config;
+  c.layers = 1;
+  c.moe.sparse_layer = {c.mtp_sparse};
+  c.indexer.full_layer.clear();  // the MTP layer chooses its own positions
+  c.mtp_layers = 0;
+  c.mtp_drafter = true;
+  d->shard = full->shard;
+  d->embed = full->embed;
+  d->layers = {full->mtp->layer};
+  d->final_norm = full->mtp->head_norm;
+  d->lm_head = full->mtp->head;
+  d->mtp = full->mtp;
+  d->source = absl::StrCat(full->source, " (MTP layer)");
+  d->keep_alive = std::move(full);
+  return std::shared_ptr<const ModelWeights>(std::move(d));
+}
+
 }  // namespace ringlane::worker

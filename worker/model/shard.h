@@ -34,6 +34,14 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
 absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
     std::shared_ptr<const ModelWeights> full, int layers);
 
+// The MTP drafter of the unsharded `full` (DeepSeek-V3 / GLM-5 checkpoints
+// with num_nextn_predict_layers): a one-layer model viewing its MTP layer,
+// with shared_head's norm and head as final norm and lm_head and
+// config.mtp_drafter set. InvalidArgument when it has no MTP layer, or for a
+// shard.
+absl::StatusOr<std::shared_ptr<const ModelWeights>> MtpDrafter(
+    std::shared_ptr<const ModelWeights> full);
+
 }  // namespace ringlane::worker
 
 #endif  // RINGLANE_WORKER_MODEL_SHARD_H_

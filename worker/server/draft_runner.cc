@@ -38,7 +38,20 @@ absl::StatusOr<std::unique_ptr<DraftRunner>> DraftRunner::Create(std::unique_ptr
 }
 
 DraftRunner::DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int scratch_blocks)
-    : draft_(std::move(draft)), target_blocks_(target_blocks), scratch_blocks_(scratch_blocks) {}
+    : draft_(std::move(draft)),
+      target_blocks_(target_blocks),
+      scratch_blocks_(scratch_blocks),
+      mtp_(draft_->config().mtp_drafter) {}
+
+bool DraftRunner::CoverWithScratch(int64_t last, std::vector<int32_t>* blocks,
+                                   int* scratch_next) const {
+  const int bs = draft_->kv_pool().block_size;
+  const size_t need = static_cast<size_t>(last / bs + 1);
+  const int extra = need > blocks->size() ? static_cast<int>(need - blocks->size()) : 0;
+  if (*scratch_next + extra > target_blocks_ + scratch_blocks_) return false;
+  for (int e = 0; e < extra; ++e) blocks->push_back((*scratch_next)++);
+  return true;
+}
 
 void DraftRunner::LogFailure(const absl::Status& st) {
   // Once, then every 1000th: a draft model that cannot run must not flood
@@ -49,24 +62,32 @@ void DraftRunner::LogFailure(const absl::Status& st) {
   }
 }
 
-absl::Status DraftRunner::StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax) {
+absl::Status DraftRunner::StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax,
+                                     std::vector<std::vector<float>>* last_hidden) {
   absl::StatusOr<RoundOutput> out = draft_->Step(in);
   ++passes_;
   if (!out.ok()) return out.status();
   argmax->assign(in.seqs.size(), -1);
+  if (last_hidden != nullptr) last_hidden->assign(in.seqs.size(), {});
+  const int64_t D = draft_->config().hidden;
   for (size_t i = 0; i < in.seqs.size(); ++i) {
     if (in.seqs[i].logit_offsets.empty()) continue;
     // The last asked position's logits; lowest id on ties.
     const float* row = out->logits[i].data() + (in.seqs[i].logit_offsets.size() - 1) * out->vocab;
     (*argmax)[i] = static_cast<int32_t>(std::max_element(row, row + out->vocab) - row);
+    if (last_hidden != nullptr && i < out->hidden.size() &&
+        static_cast<int64_t>(out->hidden[i].size()) >= D) {
+      (*last_hidden)[i].assign(out->hidden[i].end() - D, out->hidden[i].end());
+    }
   }
   return absl::OkStatus();
 }
 
 std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
-                                                   absl::Span<const Feed> feeds) {
+                                                   absl::Span<const Feed> feeds,
+                                                   const RoundOutput& target) {
+  if (mtp_) return RunMtp(round, feeds, target);
   std::vector<std::vector<int32_t>> proposals(round.seqs.size());
-  const int bs = draft_->kv_pool().block_size;
   const int64_t context = draft_->config().max_position;
   struct Proposing {
     size_t seq;        // in `round`
@@ -87,18 +108,15 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
     const size_t keep = std::min<size_t>(std::max(f.keep, 0), s.tokens.size());
     t.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(keep));
     t.block_ids = s.block_ids;
-    int propose = std::min(f.propose, kMaxProposedDrafts);
+    int propose = f.has_next ? std::min(f.propose, kMaxProposedDrafts) : 0;
     const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
     if (propose > 0 && context > 0) {
       propose = static_cast<int>(std::min<int64_t>(propose, context - next_pos));
     }
+    // Blocks for every position the proposal writes: next_pos ..
+    // next_pos + propose - 1.
     if (propose > 0) {
-      // Blocks for every position the proposal writes: next_pos ..
-      // next_pos + propose - 1.
-      const size_t need = static_cast<size_t>((next_pos + propose - 1) / bs + 1);
-      const int extra = need > t.block_ids.size() ? static_cast<int>(need - t.block_ids.size()) : 0;
-      if (scratch_next + extra <= target_blocks_ + scratch_blocks_) {
-        for (int e = 0; e < extra; ++e) t.block_ids.push_back(scratch_next++);
+      if (CoverWithScratch(next_pos + propose - 1, &t.block_ids, &scratch_next)) {
         t.tokens.push_back(f.next);
         t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
         proposing.push_back(Proposing{.seq = i,
@@ -145,6 +163,126 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
       proposals[in_step[k]->seq].push_back(argmax[k]);
       --in_step[k]->left;
       ++in_step[k]->next_pos;
+    }
+  }
+  for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());
+  return proposals;
+}
+
+std::vector<std::vector<int32_t>> DraftRunner::RunMtp(const RoundInput& round,
+                                                      absl::Span<const Feed> feeds,
+                                                      const RoundOutput& target) {
+  std::vector<std::vector<int32_t>> proposals(round.seqs.size());
+  const int64_t D = draft_->config().hidden;
+  const int64_t context = draft_->config().max_position;
+  if (pending_.size() > kMaxPending) pending_.clear();
+  struct Proposing {
+    size_t seq;        // in `round`
+    size_t draft_seq;  // in the first draft round
+    int64_t next_pos;  // where the next step's row goes
+    int left;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<Proposing> proposing;
+  RoundInput first;
+  first.block_copies = round.block_copies;
+  first.want_hidden = true;
+  int scratch_next = target_blocks_;
+  for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
+    const SeqStep& s = round.seqs[i];
+    const Feed& f = feeds[i];
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const int64_t keep = std::clamp<int64_t>(f.keep, 0, n);
+    auto waiting = pending_.find(f.lane);
+    if (i >= target.hidden.size() || static_cast<int64_t>(target.hidden[i].size()) != n * D ||
+        keep == 0) {
+      if (waiting != pending_.end()) pending_.erase(waiting);
+      continue;
+    }
+    const float* h = target.hidden[i].data();
+    SeqStep t;
+    t.block_ids = s.block_ids;
+    t.start_position = s.start_position;
+    // The entry of the position before this row, whose next token is this
+    // row's first.
+    if (waiting != pending_.end()) {
+      if (waiting->second.position == s.start_position - 1) {
+        t.start_position = waiting->second.position;
+        t.tokens.push_back(s.tokens[0]);
+        t.hidden_in = std::move(waiting->second.hidden);
+      }
+      pending_.erase(waiting);
+    }
+    for (int64_t k = 0; k + 1 < keep; ++k) {
+      t.tokens.push_back(s.tokens[k + 1]);
+      t.hidden_in.insert(t.hidden_in.end(), h + k * D, h + (k + 1) * D);
+    }
+    const float* last_h = h + (keep - 1) * D;
+    if (!f.has_next) {
+      pending_[f.lane] = Pending{.position = s.start_position + keep - 1,
+                                 .hidden = std::vector<float>(last_h, last_h + D)};
+    } else {
+      t.tokens.push_back(f.next);
+      t.hidden_in.insert(t.hidden_in.end(), last_h, last_h + D);
+      // Its logits give the first draft; each later one writes one more
+      // position: up to position + propose - 1.
+      const int64_t position = s.start_position + keep - 1;
+      int propose = std::min(f.propose, kMaxProposedDrafts);
+      if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - position));
+      if (propose > 0 && CoverWithScratch(position + propose - 1, &t.block_ids, &scratch_next)) {
+        t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
+        proposing.push_back(Proposing{.seq = i,
+                                      .draft_seq = first.seqs.size(),
+                                      .next_pos = position + 1,
+                                      .left = propose,
+                                      .blocks = t.block_ids});
+      }
+    }
+    if (!t.tokens.empty()) first.seqs.push_back(std::move(t));
+  }
+  if (first.seqs.empty() && first.block_copies.empty()) return proposals;
+
+  std::vector<int32_t> argmax;
+  std::vector<std::vector<float>> hidden;
+  if (absl::Status st = StepArgmax(first, &argmax, &hidden); !st.ok()) {
+    LogFailure(st);
+    return proposals;
+  }
+  std::vector<std::vector<float>> own(proposing.size());  // each lane's last MTP output
+  for (size_t k = 0; k < proposing.size(); ++k) {
+    proposals[proposing[k].seq].push_back(argmax[proposing[k].draft_seq]);
+    own[k] = std::move(hidden[proposing[k].draft_seq]);
+    --proposing[k].left;
+  }
+  // Later drafts: the last draft at the next position, drafted from the MTP
+  // layer's own output.
+  for (;;) {
+    RoundInput step;
+    step.want_hidden = true;
+    std::vector<size_t> in_step;
+    for (size_t k = 0; k < proposing.size(); ++k) {
+      Proposing& p = proposing[k];
+      if (p.left <= 0 || static_cast<int64_t>(own[k].size()) != D) continue;
+      SeqStep t;
+      t.start_position = p.next_pos;
+      t.tokens.push_back(proposals[p.seq].back());
+      t.hidden_in = own[k];
+      t.block_ids = p.blocks;
+      t.logit_offsets.push_back(0);
+      step.seqs.push_back(std::move(t));
+      in_step.push_back(k);
+    }
+    if (step.seqs.empty()) break;
+    if (absl::Status st = StepArgmax(step, &argmax, &hidden); !st.ok()) {
+      LogFailure(st);
+      break;
+    }
+    for (size_t j = 0; j < in_step.size(); ++j) {
+      Proposing& p = proposing[in_step[j]];
+      proposals[p.seq].push_back(argmax[j]);
+      own[in_step[j]] = std::move(hidden[j]);
+      --p.left;
+      ++p.next_pos;
     }
   }
   for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());

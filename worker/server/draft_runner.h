@@ -16,6 +16,13 @@
 // draft entries are stale until written again), which costs acceptance,
 // never correctness.
 //
+// An MTP drafter (DeepSeek-V3 / GLM-5's MTP layer, ModelConfig::mtp_drafter)
+// reads the target's hidden states too: its entry for position j is made
+// from the target's final-normed hidden state at j and the token at j + 1,
+// so the position a row ends on waits for the lane's next row when the row
+// did not sample (a prefill chunk), and a proposal's later steps read the
+// MTP layer's own output as their hidden state (as vLLM and SGLang run it).
+//
 // Owned by the step loop of rank 0 and used on its thread only.
 #ifndef RINGLANE_WORKER_SERVER_DRAFT_RUNNER_H_
 #define RINGLANE_WORKER_SERVER_DRAFT_RUNNER_H_
@@ -24,6 +31,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -52,19 +60,29 @@ class DraftRunner {
 
   // What the draft model does with one sequence of the target's round.
   struct Feed {
+    uint64_t lane = 0;
     // Tokens of the sequence to feed (its accepted prefix: rejected drafts
     // are left out).
     int keep = 0;
-    // Greedy tokens to propose after `next`, which is fed at position
-    // start + keep (the lane's last sample); 0 feeds only the prefix.
-    int propose = 0;
+    // The row sampled `next` after its kept tokens (the lane's last sample).
+    bool has_next = false;
     int32_t next = 0;
+    // Greedy tokens to propose after `next`; 0 for none.
+    int propose = 0;
   };
+
+  // Whether Run needs the target's hidden states (RoundInput::want_hidden).
+  bool wants_hidden() const { return mtp_; }
 
   // Feeds `round`'s block copies and sequences (one Feed per sequence) and
   // returns each sequence's proposal (empty where none was asked, or where
-  // the draft model could not run: the reason is logged).
-  std::vector<std::vector<int32_t>> Run(const RoundInput& round, absl::Span<const Feed> feeds);
+  // the draft model could not run: the reason is logged). `target` is the
+  // target's output for the round (its hidden states, for an MTP drafter).
+  std::vector<std::vector<int32_t>> Run(const RoundInput& round, absl::Span<const Feed> feeds,
+                                        const RoundOutput& target);
+
+  // The lane is gone: drop what is kept for it.
+  void Forget(uint64_t lane) { pending_.erase(lane); }
 
   int scratch_blocks() const { return scratch_blocks_; }
   // Tokens proposed and draft forward passes run, since creation.
@@ -73,13 +91,31 @@ class DraftRunner {
 
  private:
   DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int scratch_blocks);
-  // Runs one draft round and takes each asking sequence's argmax.
-  absl::Status StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax);
+  // Runs one draft round and takes each asking sequence's argmax; with
+  // `last_hidden`, each sequence's last hidden state too (MTP).
+  absl::Status StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax,
+                          std::vector<std::vector<float>>* last_hidden = nullptr);
+  std::vector<std::vector<int32_t>> RunMtp(const RoundInput& round, absl::Span<const Feed> feeds,
+                                           const RoundOutput& target);
+  // Scratch blocks after `blocks` so that they cover position `last`; false
+  // when this round's scratch is used up.
+  bool CoverWithScratch(int64_t last, std::vector<int32_t>* blocks, int* scratch_next) const;
   void LogFailure(const absl::Status& st);
+
+  // An MTP drafter's entry waiting for its next token.
+  struct Pending {
+    int64_t position = 0;
+    std::vector<float> hidden;
+  };
+  // More lanes than this waiting means lanes were never released (a stream
+  // that vanished): start over rather than grow.
+  static constexpr size_t kMaxPending = 4096;
 
   std::unique_ptr<Backend> draft_;
   const int target_blocks_;
   const int scratch_blocks_;
+  const bool mtp_;
+  absl::flat_hash_map<uint64_t, Pending> pending_;
   int64_t proposed_ = 0;
   int64_t passes_ = 0;
   int64_t failures_ = 0;

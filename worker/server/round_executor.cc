@@ -196,6 +196,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
     in.block_copies.push_back(BlockCopy{.src = c.src_block_id(), .dst = c.dst_block_id()});
   }
   RoundOutput out;
+  in.want_hidden = draft_ != nullptr && draft_->wants_hidden();
   if (!in.seqs.empty() || !in.block_copies.empty()) {
     absl::StatusOr<RoundOutput> o = backend_->Step(in);
     if (!o.ok()) {
@@ -215,8 +216,10 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   if (draft_ != nullptr) {
     feeds.resize(in.seqs.size());
     output_of_seq.assign(in.seqs.size(), nullptr);
-    for (size_t k = 0; k < in.seqs.size(); ++k) {
-      feeds[k].keep = static_cast<int>(in.seqs[k].tokens.size());
+    for (int i = 0; i < plan.rows_size(); ++i) {
+      if (seq_of_row[i] < 0) continue;
+      feeds[seq_of_row[i]].lane = plan.rows(i).lane_id();
+      feeds[seq_of_row[i]].keep = static_cast<int>(in.seqs[seq_of_row[i]].tokens.size());
     }
   }
 
@@ -274,18 +277,22 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       if (draft_ != nullptr) {
         DraftRunner::Feed& f = feeds[seq];
         f.keep = s.logit_offsets[0] + accepted + 1;
+        f.has_next = true;
+        f.next = lane.last_sampled;
         if (row.propose_drafts() > 0 && !row.release_lane()) {
           f.propose = row.propose_drafts();
-          f.next = lane.last_sampled;
           output_of_seq[seq] = lo;
         }
       }
     }
-    if (row.release_lane()) lanes_.erase(it);
+    if (row.release_lane()) {
+      lanes_.erase(it);
+      if (draft_ != nullptr) draft_->Forget(row.lane_id());
+    }
   }
   if (draft_ != nullptr && (!in.seqs.empty() || !in.block_copies.empty())) {
     const auto d0 = std::chrono::steady_clock::now();
-    std::vector<std::vector<int32_t>> proposals = draft_->Run(in, feeds);
+    std::vector<std::vector<int32_t>> proposals = draft_->Run(in, feeds, out);
     last_draft_us_ =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - d0)
             .count();

@@ -148,6 +148,11 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
       return absl::InvalidArgumentError(absl::StrCat("round sequence ", s, ": ", parts...));
     };
     if (q.tokens.empty()) return bad("no tokens");
+    if (cfg_.mtp_drafter &&
+        q.hidden_in.size() != q.tokens.size() * static_cast<size_t>(cfg_.hidden)) {
+      return bad("an MTP drafter needs ", q.tokens.size(), " x ", cfg_.hidden,
+                 " hidden-state values, got ", q.hidden_in.size());
+    }
     if (q.start_position < 0) return bad("negative start position ", q.start_position);
     for (int32_t t : q.tokens) {
       if (t < 0 || t >= cfg_.vocab)

@@ -504,6 +504,14 @@ void CpuOps::Add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] + y[i];
 }
 
+void CpuOps::Upload(const float* host, int64_t n, float* dst) {
+  std::memcpy(dst, host, static_cast<size_t>(n) * sizeof(float));
+}
+
+void CpuOps::Download(const float* src, int64_t n, float* host) {
+  std::memcpy(host, src, static_cast<size_t>(n) * sizeof(float));
+}
+
 absl::Status CpuOps::AllReduceSum(float* data, int64_t count) {
   if (comm_ == nullptr) return absl::OkStatus();
   return comm_->AllReduceSum(data, static_cast<size_t>(count));

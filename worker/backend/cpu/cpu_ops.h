@@ -64,6 +64,8 @@ class CpuOps final : public ComputeOps {
                       float* out) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
   void Add(float* x, const float* y, int64_t n) override;
+  void Upload(const float* host, int64_t n, float* dst) override;
+  void Download(const float* src, int64_t n, float* host) override;
   int group_size() const override { return comm_ == nullptr ? 1 : comm_->world_size(); }
   absl::Status AllReduceSum(float* data, int64_t count) override;
   absl::Status AllGather(const float* in, int64_t count, float* out) override;
