@@ -54,20 +54,30 @@ bool RunGroup(int world, const std::string& dir,
   });
 }
 
+// How a group is run beyond its sharding: decode context parallel, and the
+// DSA dense window (0: the model's default).
+struct GroupMode {
+  bool context_parallel = false;
+  int dense_window = 0;
+  int kv_blocks = 128;
+};
+
 absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(
     const std::string& model_path, int rank, int world, worker::Communicator* comm,
-    worker::DType kv, const worker::ShardOptions& sharding = {}) {
+    worker::DType kv, const worker::ShardOptions& sharding = {}, const GroupMode& mode = {}) {
   auto full = worker::LoadModel(model_path);
   if (!full.ok()) return full.status();
+  if (mode.dense_window > 0) (*full)->config.indexer.dense_window = mode.dense_window;
   auto shard = worker::ShardModel(std::shared_ptr<const worker::ModelWeights>(std::move(*full)),
                                   rank, world, sharding);
   if (!shard.ok()) return shard.status();
   worker::CpuBackendOptions opt;
   opt.comm = comm;
   opt.threads = 1;
+  opt.context_parallel = mode.context_parallel;
   absl::StatusOr<std::unique_ptr<worker::Backend>> b = worker::CreateCpuBackend(*shard, opt);
   if (!b.ok()) return b.status();
-  if (absl::Status st = (*b)->AllocateKvPool({128, 16, kv}); !st.ok()) return st;
+  if (absl::Status st = (*b)->AllocateKvPool({mode.kv_blocks, 16, kv}); !st.ok()) return st;
   return b;
 }
 
@@ -160,9 +170,10 @@ INSTANTIATE_TEST_SUITE_P(Worlds, StoriesTp, ::testing::Values(2, 4));
 // Five lanes in shared rounds across a TP4 group give exactly their solo
 // tokens and logits: the rank-order all-reduce keeps batch invariance.
 bool ConcurrentEqualsSoloTp4(const std::string& model, worker::DType kv, int vocab,
-                             const std::string& dir, const worker::ShardOptions& sharding = {}) {
+                             const std::string& dir, const worker::ShardOptions& sharding = {},
+                             const GroupMode& mode = {}) {
   return RunGroup(4, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(model, rank, 4, comm, kv, sharding);
+    auto b = ShardBackend(model, rank, 4, comm, kv, sharding, mode);
     if (!b.ok()) return 2;
     std::vector<testing::LaneSpec> lanes(5);
     for (int i = 0; i < 5; ++i) {
@@ -202,8 +213,14 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
 // Max |TP(world) - TP1| of the teacher-forced logits of `seq` (prefill
 // chunks of `chunk`), F32 KV; INFINITY when a rank fails.
 double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>& seq, int chunk,
-                           int world, const worker::ShardOptions& sharding = {}) {
-  auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32}, {.threads = 1});
+                           int world, const worker::ShardOptions& sharding = {},
+                           const GroupMode& mode = {}) {
+  auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32}, {.threads = 1},
+                                     [&](worker::ModelConfig& c) {
+                                       if (mode.dense_window > 0) {
+                                         c.indexer.dense_window = mode.dense_window;
+                                       }
+                                     });
   EXPECT_TRUE(tp1.ok()) << tp1.status();
   if (!tp1.ok()) return INFINITY;
   auto ref = testing::TeacherForcedLogits(tp1->get(), seq, chunk);
@@ -212,7 +229,7 @@ double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>&
   const std::string dir = model + "_group" + std::to_string(world);
   const std::string out = model + ".logits" + std::to_string(world);
   bool ok = RunGroup(world, dir, [&](int rank, worker::Communicator* comm) {
-    auto b = ShardBackend(model, rank, world, comm, worker::DType::kF32, sharding);
+    auto b = ShardBackend(model, rank, world, comm, worker::DType::kF32, sharding, mode);
     if (!b.ok()) return 2;
     auto logits = testing::TeacherForcedLogits(b->get(), seq, chunk);
     if (!logits.ok()) return 3;
@@ -276,6 +293,70 @@ TEST(DeepseekTp4, ConcurrentEqualsSolo) {
       ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab, o.out_dir + "_inv"));
   EXPECT_TRUE(ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab,
                                       o.out_dir + "_inv_ep", {.expert_parallel = true}));
+}
+
+// Decode context parallel: each rank keeps every world-th position of the
+// latent cache; attention is computed per rank over its positions with every
+// head's query and merged by log-sum-exp, and the DSA indexer's choice is
+// merged from the ranks' own top-k. Against TP1 (everything on one rank)
+// within the same rounding bound, past a dense window of 24 so the indexer
+// picks (8 of up to 60), prefill in chunks of 7 and decode one token a round.
+class DeepseekDcp : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeepseekDcp, TeacherForcedMatchesTp1) {
+  const int world = GetParam();
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 60; ++i) seq.push_back((i * 89 + 3) % o.vocab);
+  for (int chunk : {7, 1}) {
+    const double diff = TeacherForcedTpDiff(o.out_dir, seq, chunk, world, {},
+                                            {.context_parallel = true, .dense_window = 24});
+    std::printf(
+        "glm_moe_dsa TP%d decode context parallel (chunks of %d) vs TP1: max |logit "
+        "difference| %.3g\n",
+        world, chunk, diff);
+    EXPECT_LT(diff, 1e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeepseekDcp, ::testing::Values(2, 4));
+
+TEST(DeepseekDcp4, ConcurrentEqualsSolo) {
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  EXPECT_TRUE(ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kFP8E4M3, o.vocab,
+                                      o.out_dir + "_inv_dcp", {},
+                                      {.context_parallel = true, .dense_window = 12}));
+}
+
+// The point of it: a block id covers world times the positions, in the
+// same bytes per rank, so the same pool holds world times the context.
+TEST(DeepseekDcp, CapacityGrowsWithTheGroup) {
+  const worker::SyntheticModelOptions o = DeepseekTpModel();
+  for (int world : {1, 2, 4}) {
+    const std::string out = o.out_dir + ".dcp_capacity" + std::to_string(world);
+    bool ok = RunGroup(world, o.out_dir + "_cap" + std::to_string(world),
+                       [&](int rank, worker::Communicator* comm) {
+                         auto b =
+                             ShardBackend(o.out_dir, rank, world, comm, worker::DType::kFP8E4M3, {},
+                                          {.context_parallel = true, .kv_blocks = 8});
+                         if (!b.ok()) return 2;
+                         if (rank == 0) {
+                           WriteFloats(out, {{static_cast<float>((*b)->block_tokens()),
+                                              static_cast<float>((*b)->kv_block_bytes()),
+                                              static_cast<float>((*b)->context_parallel())}});
+                         }
+                         // No rank leaves while another still connects.
+                         float sync = 0;
+                         return comm->AllReduceSum(&sync, 1).ok() ? 0 : 3;
+                       });
+    ASSERT_TRUE(ok) << world;
+    const std::vector<float> got = ReadFloats(out);
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[0], 16.0f * world) << "positions per block id";
+    EXPECT_EQ(got[2], static_cast<float>(world));
+    static float bytes = got[1];
+    EXPECT_EQ(got[1], bytes) << "each rank's block is the same size whatever the group";
+  }
 }
 
 // Expert parallelism needs routed experts that split over the ranks.

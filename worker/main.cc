@@ -89,6 +89,10 @@ ABSL_FLAG(bool, expert_parallel, false,
           "MoE models: each rank holds n_routed / world_size whole experts instead of a slice "
           "of every expert (attention, shared experts and dense layers stay tensor-parallel); "
           "every rank of a group must agree");
+ABSL_FLAG(bool, decode_context_parallel, false,
+          "latent-cache models (DeepSeek-V3 family) in a group of several ranks: each rank keeps "
+          "every world_size-th position of the latent cache instead of all of them, so the group "
+          "holds world_size times the context; every rank of a group must agree");
 ABSL_FLAG(int, dsa_dense_window, 2051,
           "DSA models (deepseek_v32, glm_moe_dsa): a position with at most this many tokens of "
           "context attends to all of them, beyond to the index_topk the indexer picks");
@@ -338,8 +342,19 @@ int main(int argc, char** argv) {
   }
   const rw::ModelConfig& cfg = shard->config;
   const int context = cfg.max_position > 0 ? cfg.max_position : 2048;
-  if (kv_blocks == 0) kv_blocks = 4 * ((context + block_size - 1) / block_size);
+  const bool dcp = absl::GetFlag(FLAGS_decode_context_parallel) && world > 1;
+  if (dcp && !rw::IsMla(cfg)) {
+    RL_LOG(ERROR) << "--decode_context_parallel splits a latent cache by position; "
+                  << cfg.model_type << " keeps per-head K/V (tensor parallelism splits its heads)";
+    return 1;
+  }
+  // A block id of the router's covers block_tokens positions: block_size of
+  // them on each rank under context parallel.
+  const int block_tokens = block_size * (dcp ? world : 1);
+  if (kv_blocks == 0) kv_blocks = 4 * ((context + block_tokens - 1) / block_tokens);
   const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype};
+  rw::KvPoolSpec info_pool = pool;
+  info_pool.block_size = block_tokens;
   absl::StatusOr<int64_t> block_bytes_or = rw::KvBlockBytes(backend, cfg, shard->shard, pool);
   if (!block_bytes_or.ok()) {
     RL_LOG(ERROR) << "KV pool: " << block_bytes_or.status().message();
@@ -356,9 +371,10 @@ int main(int argc, char** argv) {
       "model %s: %d layers, %d/%d heads (this rank %d, KV %d), vocab %d, context %d; "
       "KV pool %d blocks x %d tokens, %s, %.1f MiB, %d bytes per token (%s); loaded in %.0f ms",
       model_path, cfg.layers, cfg.heads, cfg.kv_heads, shard->shard.heads, shard->shard.kv_heads,
-      cfg.vocab, context, kv_blocks, block_size, rw::DTypeName(*kv_dtype),
-      static_cast<double>(block_bytes) * kv_blocks / (1 << 20), block_bytes / block_size,
-      rw::IsMla(cfg) ? "latent" : "K/V",
+      cfg.vocab, context, kv_blocks, block_tokens, rw::DTypeName(*kv_dtype),
+      static_cast<double>(block_bytes) * kv_blocks / (1 << 20), block_bytes / block_tokens,
+      dcp ? absl::StrCat("latent, every ", world, "th position: decode context parallel")
+          : std::string(rw::IsMla(cfg) ? "latent" : "K/V"),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
   // The draft model runs on rank 0 only, whole; the others need not load it.
@@ -423,6 +439,7 @@ int main(int argc, char** argv) {
   go.tcp_wait = tcp_wait;
   go.backend.kind = backend;
   go.backend.cpu.threads = threads;
+  go.backend.cpu.context_parallel = dcp;
   go.draft_model = draft;
   rw::GroupMember group(shard, go);
 
@@ -433,7 +450,10 @@ int main(int argc, char** argv) {
   id.group = group_name;
   id.rank = rank;
   id.world_size = world;
-  id.kv_layout_fingerprint = rw::KvLayoutFingerprint(backend, *layer_caches);
+  // A context-parallel block holds every world-th position: not
+  // exchangeable with a replicated one, nor across ranks.
+  id.kv_layout_fingerprint =
+      rw::KvLayoutFingerprint(dcp ? absl::StrCat(backend, "/dcp", world) : backend, *layer_caches);
   if (draft != nullptr) {
     id.draft_model_id = !draft_path.empty() ? ModelId(draft_path)
                         : draft_mtp         ? absl::StrCat(model_id, " (MTP layer)")
@@ -441,9 +461,10 @@ int main(int argc, char** argv) {
     id.max_proposed_drafts = rw::kMaxProposedDrafts;
   }
   if (cfg.moe.n_routed > 0) id.moe_sharding = expert_parallel && world > 1 ? "ep" : "tp";
-  id.kv_rank_shared =
-      std::all_of(layer_caches->begin(), layer_caches->end(),
-                  [](const rw::LayerCacheSpec& c) { return c.kind == rw::CacheKind::kLatentKv; });
+  id.kv_rank_shared = !dcp && std::all_of(layer_caches->begin(), layer_caches->end(),
+                                          [](const rw::LayerCacheSpec& c) {
+                                            return c.kind == rw::CacheKind::kLatentKv;
+                                          });
   // The store is reached lazily (a channel connects on first use), so a
   // kvstore that starts after the worker, or restarts, is used once it is up.
   std::unique_ptr<rw::KvStoreLink> kvstore;
@@ -461,8 +482,8 @@ int main(int argc, char** argv) {
                  << " ms, upload queue " << kvstore_queue_mb << " MiB, shared memory "
                  << kvstore_shm_mb << " MiB when on the same node)";
   }
-  rw::WorkerService service(&group, cfg, pool, block_bytes, std::move(*layer_caches), id, &metrics,
-                            kvstore.get());
+  rw::WorkerService service(&group, cfg, info_pool, block_bytes, std::move(*layer_caches), id,
+                            &metrics, kvstore.get());
   rw::RendezvousService rendezvous_service;
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -47,7 +47,7 @@ class InProcessGroup final : public router::WorkerGroup {
       : recorder_(backend), executor_(&recorder_, /*rank=*/0), keep_logits_(keep_logits) {
     info_.set_model_id("in-process");
     info_.set_kv_pool_blocks(backend->kv_pool().num_blocks);
-    info_.set_block_size_tokens(backend->kv_pool().block_size);
+    info_.set_block_size_tokens(backend->block_tokens());
     info_.set_tp_world_size(1);
   }
 
@@ -143,7 +143,7 @@ absl::StatusOr<std::vector<LaneResult>> RunLanes(worker::Backend* backend,
 
 absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
     worker::Backend* backend, const std::vector<int32_t>& tokens, int chunk) {
-  const int bs = backend->kv_pool().block_size;
+  const int bs = backend->block_tokens();
   // One sequence alone in the pool: its blocks are simply 0, 1, 2, ...
   if (static_cast<int64_t>(tokens.size()) > int64_t{backend->kv_pool().num_blocks} * bs) {
     return absl::ResourceExhaustedError("pool too small");

@@ -38,6 +38,11 @@ class Backend {
   // a bad spec, ResourceExhausted when memory runs out.
   virtual absl::Status AllocateKvPool(const KvPoolSpec& spec) = 0;
   virtual const KvPoolSpec& kv_pool() const = 0;
+  // Positions one block id covers in a round's block table: the pool's
+  // block_size, times the group's size under decode context parallel (each
+  // rank's block holds every world-th of those positions).
+  virtual int block_tokens() const { return kv_pool().block_size; }
+  virtual int context_parallel() const { return 1; }
 
   // Runs one round: the block copies in order, then one forward pass that
   // writes every new token's K/V into its slot and returns the logits asked
@@ -69,6 +74,10 @@ struct CpuBackendOptions {
   bool allow_avx512 = true;
   // How long idle pool threads spin before blocking.
   int spin_us = 50;
+  // Decode context parallel (latent-cache models sharded over `comm`): each
+  // rank keeps every world-th position of the latent cache, so the group
+  // holds world times the context; attention is combined across the ranks.
+  bool context_parallel = false;
 };
 
 // Unimplemented when no graph runs the model's family (graph/factory.h).

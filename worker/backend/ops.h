@@ -67,6 +67,12 @@ struct LatentHeads {
   // q_pe(t, h) is rope_dim floats at q_pe + t * pe_ld + h * pe_stride.
   int64_t pe_ld = 0;
   int64_t pe_stride = 0;
+  // Decode context parallel (context_parallel() > 1): `heads` is every head
+  // of the model, the attention covers this rank's positions only, and each
+  // (row t, head h)'s log-sum-exp goes to lse[t * heads + h] (-inf where the
+  // rank holds none of the row's positions, with a zero output) for
+  // MergeAttention.
+  float* lse = nullptr;
 };
 
 // One part of a latent cache row: `dim` floats of round row t at p + t * ld,
@@ -168,8 +174,8 @@ class ComputeOps {
   // score sum_h weight_scale * w_h * relu(q_h . k_j), ties to the lower
   // position, in increasing order in selected[t * topk ..], and count[t] =
   // topk; other rows count[t] = 0. Keys are read from the cache of `layer`.
-  virtual void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
-                             int32_t* selected, int32_t* count) = 0;
+  virtual absl::Status IndexerSelect(int layer, const IndexerQuery& query, int dense_window,
+                                     int topk, int32_t* selected, int32_t* count) = 0;
   // out[t] = (x[t] - mean) / sqrt(var + eps) * w + b over `dim` floats.
   virtual void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b,
                          int dim, float eps, float* out, int rows) = 0;
@@ -194,6 +200,21 @@ class ComputeOps {
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;
   // x = x + y over n floats (the residual stream).
   virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // Decode context parallel: the group's ranks each keep the latent rows of
+  // positions p with p % context_parallel() == context_rank(), so the KV
+  // pool holds context_parallel() times the positions; StoreLatent,
+  // AttendLatent and IndexerSelect work on those (IndexerSelect merging the
+  // ranks' choices into the one the whole context gives). 1: off.
+  virtual int context_parallel() const = 0;
+  virtual int context_rank() const = 0;
+  // out[b][a][c] = in[a][b][c] (an all-gather's [rank][row] into [row][rank]).
+  virtual void TransposeBlocks(const float* in, int64_t a, int64_t b, int64_t c, float* out) = 0;
+  // Combines attention computed over the ranks' parts of a context:
+  // parts [world][rows][heads][dim] with their log-sum-exps
+  // [world][rows][heads], into out [rows][local_heads][dim] for heads
+  // head0 .. head0 + local_heads - 1, summing in rank order.
+  virtual void MergeAttention(const float* parts, const float* lse, int world, int64_t rows,
+                              int heads, int head0, int local_heads, int dim, float* out) = 0;
   // Host memory into a buffer of the backend's, and back (MTP hidden
   // states in and out of a round).
   virtual void Upload(const float* host, int64_t n, float* dst) = 0;

@@ -34,9 +34,16 @@ enum Slot : int {
   kIndexKeyRaw,   // [T][index_head_dim] before its LayerNorm
   kIndexKey,      // [T][index_head_dim]
   kIndexWeights,  // [T][index heads]
-  kMtpHidden,     // [T][hidden] an MTP drafter's hidden inputs
-  kMtpPart,       // [T][hidden] the normed hidden inputs
-  kHead,          // RoundIndex::Head's five slots
+  kQGathered,     // context parallel: [world][T][local heads * ...] as gathered
+  kQLatentAll,    // [T][heads][kv_lora_rank] every head's absorbed query
+  kQAll,          // [T][heads][nope + rope] every head's query
+  kOParts,        // [T][heads][kv_lora_rank] this rank's part, then [world][...] gathered
+  kOGathered,
+  kLse,          // [T][heads] this rank's log-sum-exps
+  kLseGathered,  // [world][T][heads]
+  kMtpHidden,    // [T][hidden] an MTP drafter's hidden inputs
+  kMtpPart,      // [T][hidden] the normed hidden inputs
+  kHead,         // RoundIndex::Head's five slots
 };
 
 // transformers' and DeepSeek's indexer LayerNorm epsilon.
@@ -114,7 +121,7 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
     ops->RmsNorm(x, w.attn_norm, D, cfg_.rms_eps, xb, rows);
-    Attention(l, xb, rows, ops, tmp);
+    if (absl::Status st = Attention(l, xb, rows, ops, tmp); !st.ok()) return st;
     if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
     ops->Add(x, tmp, T * D);
 
@@ -173,7 +180,8 @@ void DeepseekGraph::Hidden(const RoundInput& round, const float* x, int rows, Co
   }
 }
 
-void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out) {
+absl::Status DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* ops,
+                                      float* out) {
   const MlaConfig& m = cfg_.mla;
   const MlaWeights& a = model_->layers[layer].mla;
   const LayerViews& v = views_[layer];
@@ -243,8 +251,11 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
                                          std::sqrt(static_cast<double>(I)));
     selected_.resize(T * ix.topk);
     selected_count_.resize(T);
-    ops->IndexerSelect(layer, iq, ix.dense_window, ix.topk, selected_.data(),
-                       selected_count_.data());
+    if (absl::Status st = ops->IndexerSelect(layer, iq, ix.dense_window, ix.topk, selected_.data(),
+                                             selected_count_.data());
+        !st.ok()) {
+      return st;
+    }
   }
 
   // Absorb W_UK into each head's query: q_nope . (W_UK c) = (W_UK^T q_nope) . c.
@@ -263,7 +274,34 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
   lh.pe_stride = QK;
   // A shared layer (GLM-5.2) attends where the last full layer chose.
   const LatentSelection selection{selected_.data(), selected_count_.data(), ix.topk};
-  ops->AttendLatent(layer, lh, q_latent, q + N, indexer ? &selection : nullptr, o_latent);
+  const int W = ops->context_parallel();
+  if (W <= 1) {
+    ops->AttendLatent(layer, lh, q_latent, q + N, indexer ? &selection : nullptr, o_latent);
+  } else {
+    // Decode context parallel: this rank holds every W-th position, so it
+    // attends with every head's query over those (the ranks' heads are
+    // gathered, rank r's being heads r * H ..), and the ranks' partial
+    // outputs are merged by their log-sum-exps for this rank's heads.
+    const int HA = H * W;
+    float* gathered = ops->Scratch(kQGathered, int64_t{W} * T * H * std::max(C, QK));
+    float* q_latent_all = ops->Scratch(kQLatentAll, T * HA * C);
+    float* q_all = ops->Scratch(kQAll, T * HA * QK);
+    if (absl::Status st = ops->AllGather(q_latent, T * H * C, gathered); !st.ok()) return st;
+    ops->TransposeBlocks(gathered, W, T, int64_t{H} * C, q_latent_all);
+    if (absl::Status st = ops->AllGather(q, T * H * QK, gathered); !st.ok()) return st;
+    ops->TransposeBlocks(gathered, W, T, int64_t{H} * QK, q_all);
+    float* o_part = ops->Scratch(kOParts, T * HA * C);
+    float* lse = ops->Scratch(kLse, T * HA);
+    lh.heads = HA;
+    lh.pe_ld = int64_t{HA} * QK;
+    lh.lse = lse;
+    ops->AttendLatent(layer, lh, q_latent_all, q_all + N, indexer ? &selection : nullptr, o_part);
+    float* o_all = ops->Scratch(kOGathered, int64_t{W} * T * HA * C);
+    float* lse_all = ops->Scratch(kLseGathered, int64_t{W} * T * HA);
+    if (absl::Status st = ops->AllGather(o_part, T * HA * C, o_all); !st.ok()) return st;
+    if (absl::Status st = ops->AllGather(lse, T * HA, lse_all); !st.ok()) return st;
+    ops->MergeAttention(o_all, lse_all, W, T, HA, ops->context_rank() * H, H, C, o_latent);
+  }
 
   // Each head's values: W_UV applied to its attention output in the latent space.
   float* att = ops->Scratch(kAtt, T * H * V);
@@ -272,6 +310,7 @@ void DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* 
                 int64_t{H} * V);
   }
   ops->MatMul(a.wo, att, int64_t{H} * V, rows, out, D);
+  return absl::OkStatus();
 }
 
 void DeepseekGraph::GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows,

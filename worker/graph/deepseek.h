@@ -74,7 +74,8 @@ class DeepseekGraph final : public ModelGraph {
 
   // Each writes its block's output ([rows][hidden], before the all-reduce)
   // into `out` from the normed input xb.
-  void Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
+  // Errors: the group's collectives' (decode context parallel).
+  absl::Status Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
   void Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops, float* out);
   void GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows, ComputeOps* ops,
                 float* out);

@@ -84,10 +84,21 @@ class CountingOps final : public ComputeOps {
     ++calls["AttendLatent"];
     real_.AttendLatent(layer, heads, q_lat, q_pe, selection, out);
   }
-  void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
-                     int32_t* selected, int32_t* count) override {
+  absl::Status IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
+                             int32_t* selected, int32_t* count) override {
     ++calls["IndexerSelect"];
-    real_.IndexerSelect(layer, query, dense_window, topk, selected, count);
+    return real_.IndexerSelect(layer, query, dense_window, topk, selected, count);
+  }
+  int context_parallel() const override { return real_.context_parallel(); }
+  int context_rank() const override { return real_.context_rank(); }
+  void TransposeBlocks(const float* in, int64_t a, int64_t b, int64_t c, float* out) override {
+    ++calls["TransposeBlocks"];
+    real_.TransposeBlocks(in, a, b, c, out);
+  }
+  void MergeAttention(const float* parts, const float* lse, int world, int64_t rows, int heads,
+                      int head0, int local_heads, int dim, float* out) override {
+    ++calls["MergeAttention"];
+    real_.MergeAttention(parts, lse, world, rows, heads, head0, local_heads, dim, out);
   }
   void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b, int dim,
                  float eps, float* out, int rows) override {

@@ -86,19 +86,25 @@ absl::Status DraftRunner::StepArgmax(const RoundInput& in, std::vector<int32_t>*
 std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
                                                    absl::Span<const Feed> feeds,
                                                    const RoundOutput& target) {
-  if (mtp_) return RunMtp(round, feeds, target);
   std::vector<std::vector<int32_t>> proposals(round.seqs.size());
-  const int64_t context = draft_->config().max_position;
-  struct Proposing {
-    size_t seq;        // in `round`
-    size_t draft_seq;  // in the first draft round
-    int64_t next_pos;  // where the next fed token goes
-    int left;          // tokens still to propose
-    std::vector<int32_t> blocks;
-  };
-  std::vector<Proposing> proposing;
   RoundInput first;
   first.block_copies = round.block_copies;
+  first.want_hidden = mtp_;
+  std::vector<Proposing> proposing;
+  if (mtp_) {
+    FeedMtp(round, feeds, target, &first, &proposing);
+  } else {
+    FeedModel(round, feeds, &first, &proposing);
+  }
+  if (first.seqs.empty() && first.block_copies.empty()) return proposals;
+  Propose(first, &proposing, &proposals);
+  for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());
+  return proposals;
+}
+
+void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feeds,
+                            RoundInput* first, std::vector<Proposing>* proposing) {
+  const int64_t context = draft_->config().max_position;
   int scratch_next = target_blocks_;
   for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
     const SeqStep& s = round.seqs[i];
@@ -108,85 +114,30 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
     const size_t keep = std::min<size_t>(std::max(f.keep, 0), s.tokens.size());
     t.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(keep));
     t.block_ids = s.block_ids;
-    int propose = f.has_next ? std::min(f.propose, kMaxProposedDrafts) : 0;
+    // The sample goes at next_pos; each later draft one position further:
+    // up to next_pos + propose - 1.
     const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
-    if (propose > 0 && context > 0) {
-      propose = static_cast<int>(std::min<int64_t>(propose, context - next_pos));
+    int propose = f.has_next ? std::min(f.propose, kMaxProposedDrafts) : 0;
+    if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - next_pos));
+    if (propose > 0 && CoverWithScratch(next_pos + propose - 1, &t.block_ids, &scratch_next)) {
+      t.tokens.push_back(f.next);
+      t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
+      proposing->push_back(Proposing{.seq = i,
+                                     .draft_seq = first->seqs.size(),
+                                     .next_pos = next_pos + 1,
+                                     .left = propose,
+                                     .blocks = t.block_ids});
     }
-    // Blocks for every position the proposal writes: next_pos ..
-    // next_pos + propose - 1.
-    if (propose > 0) {
-      if (CoverWithScratch(next_pos + propose - 1, &t.block_ids, &scratch_next)) {
-        t.tokens.push_back(f.next);
-        t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
-        proposing.push_back(Proposing{.seq = i,
-                                      .draft_seq = first.seqs.size(),
-                                      .next_pos = next_pos + 1,
-                                      .left = propose,
-                                      .blocks = t.block_ids});
-      }
-    }
-    if (t.tokens.empty()) continue;
-    first.seqs.push_back(std::move(t));
+    if (!t.tokens.empty()) first->seqs.push_back(std::move(t));
   }
-  if (first.seqs.empty() && first.block_copies.empty()) return proposals;
-
-  std::vector<int32_t> argmax;
-  if (absl::Status st = StepArgmax(first, &argmax); !st.ok()) {
-    LogFailure(st);
-    return proposals;
-  }
-  for (Proposing& p : proposing) {
-    proposals[p.seq].push_back(argmax[p.draft_seq]);
-    --p.left;
-  }
-  // The rest one position a pass, every proposing lane together.
-  for (;;) {
-    RoundInput step;
-    std::vector<Proposing*> in_step;
-    for (Proposing& p : proposing) {
-      if (p.left <= 0) continue;
-      SeqStep t;
-      t.start_position = p.next_pos;
-      t.tokens.push_back(proposals[p.seq].back());
-      t.block_ids = p.blocks;
-      t.logit_offsets.push_back(0);
-      step.seqs.push_back(std::move(t));
-      in_step.push_back(&p);
-    }
-    if (step.seqs.empty()) break;
-    if (absl::Status st = StepArgmax(step, &argmax); !st.ok()) {
-      LogFailure(st);
-      break;  // keep what was proposed so far
-    }
-    for (size_t k = 0; k < in_step.size(); ++k) {
-      proposals[in_step[k]->seq].push_back(argmax[k]);
-      --in_step[k]->left;
-      ++in_step[k]->next_pos;
-    }
-  }
-  for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());
-  return proposals;
 }
 
-std::vector<std::vector<int32_t>> DraftRunner::RunMtp(const RoundInput& round,
-                                                      absl::Span<const Feed> feeds,
-                                                      const RoundOutput& target) {
-  std::vector<std::vector<int32_t>> proposals(round.seqs.size());
+void DraftRunner::FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds,
+                          const RoundOutput& target, RoundInput* first,
+                          std::vector<Proposing>* proposing) {
   const int64_t D = draft_->config().hidden;
   const int64_t context = draft_->config().max_position;
   if (pending_.size() > kMaxPending) pending_.clear();
-  struct Proposing {
-    size_t seq;        // in `round`
-    size_t draft_seq;  // in the first draft round
-    int64_t next_pos;  // where the next step's row goes
-    int left;
-    std::vector<int32_t> blocks;
-  };
-  std::vector<Proposing> proposing;
-  RoundInput first;
-  first.block_copies = round.block_copies;
-  first.want_hidden = true;
   int scratch_next = target_blocks_;
   for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
     const SeqStep& s = round.seqs[i];
@@ -231,62 +182,61 @@ std::vector<std::vector<int32_t>> DraftRunner::RunMtp(const RoundInput& round,
       if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - position));
       if (propose > 0 && CoverWithScratch(position + propose - 1, &t.block_ids, &scratch_next)) {
         t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
-        proposing.push_back(Proposing{.seq = i,
-                                      .draft_seq = first.seqs.size(),
-                                      .next_pos = position + 1,
-                                      .left = propose,
-                                      .blocks = t.block_ids});
+        proposing->push_back(Proposing{.seq = i,
+                                       .draft_seq = first->seqs.size(),
+                                       .next_pos = position + 1,
+                                       .left = propose,
+                                       .blocks = t.block_ids});
       }
     }
-    if (!t.tokens.empty()) first.seqs.push_back(std::move(t));
+    if (!t.tokens.empty()) first->seqs.push_back(std::move(t));
   }
-  if (first.seqs.empty() && first.block_copies.empty()) return proposals;
+}
 
+void DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* proposing,
+                          std::vector<std::vector<int32_t>>* proposals) {
   std::vector<int32_t> argmax;
   std::vector<std::vector<float>> hidden;
-  if (absl::Status st = StepArgmax(first, &argmax, &hidden); !st.ok()) {
+  if (absl::Status st = StepArgmax(first, &argmax, mtp_ ? &hidden : nullptr); !st.ok()) {
     LogFailure(st);
-    return proposals;
+    return;
   }
-  std::vector<std::vector<float>> own(proposing.size());  // each lane's last MTP output
-  for (size_t k = 0; k < proposing.size(); ++k) {
-    proposals[proposing[k].seq].push_back(argmax[proposing[k].draft_seq]);
-    own[k] = std::move(hidden[proposing[k].draft_seq]);
-    --proposing[k].left;
+  for (Proposing& p : *proposing) {
+    (*proposals)[p.seq].push_back(argmax[p.draft_seq]);
+    if (mtp_) p.own = std::move(hidden[p.draft_seq]);
+    --p.left;
   }
-  // Later drafts: the last draft at the next position, drafted from the MTP
-  // layer's own output.
+  // The rest one position a pass, every proposing lane together; an MTP
+  // drafter drafts from its own last output.
+  const size_t D = static_cast<size_t>(draft_->config().hidden);
   for (;;) {
     RoundInput step;
-    step.want_hidden = true;
-    std::vector<size_t> in_step;
-    for (size_t k = 0; k < proposing.size(); ++k) {
-      Proposing& p = proposing[k];
-      if (p.left <= 0 || static_cast<int64_t>(own[k].size()) != D) continue;
+    step.want_hidden = mtp_;
+    std::vector<Proposing*> in_step;
+    for (Proposing& p : *proposing) {
+      if (p.left <= 0 || (mtp_ && p.own.size() != D)) continue;
       SeqStep t;
       t.start_position = p.next_pos;
-      t.tokens.push_back(proposals[p.seq].back());
-      t.hidden_in = own[k];
+      t.tokens.push_back((*proposals)[p.seq].back());
       t.block_ids = p.blocks;
       t.logit_offsets.push_back(0);
+      if (mtp_) t.hidden_in = p.own;
       step.seqs.push_back(std::move(t));
-      in_step.push_back(k);
+      in_step.push_back(&p);
     }
     if (step.seqs.empty()) break;
-    if (absl::Status st = StepArgmax(step, &argmax, &hidden); !st.ok()) {
+    if (absl::Status st = StepArgmax(step, &argmax, mtp_ ? &hidden : nullptr); !st.ok()) {
       LogFailure(st);
-      break;
+      break;  // keep what was proposed so far
     }
-    for (size_t j = 0; j < in_step.size(); ++j) {
-      Proposing& p = proposing[in_step[j]];
-      proposals[p.seq].push_back(argmax[j]);
-      own[in_step[j]] = std::move(hidden[j]);
+    for (size_t k = 0; k < in_step.size(); ++k) {
+      Proposing& p = *in_step[k];
+      (*proposals)[p.seq].push_back(argmax[k]);
+      if (mtp_) p.own = std::move(hidden[k]);
       --p.left;
       ++p.next_pos;
     }
   }
-  for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());
-  return proposals;
 }
 
 }  // namespace ringlane::worker

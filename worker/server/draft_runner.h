@@ -95,8 +95,24 @@ class DraftRunner {
   // `last_hidden`, each sequence's last hidden state too (MTP).
   absl::Status StepArgmax(const RoundInput& in, std::vector<int32_t>* argmax,
                           std::vector<std::vector<float>>* last_hidden = nullptr);
-  std::vector<std::vector<int32_t>> RunMtp(const RoundInput& round, absl::Span<const Feed> feeds,
-                                           const RoundOutput& target);
+  // A lane's proposal in the making.
+  struct Proposing {
+    size_t seq;        // in the target's round
+    size_t draft_seq;  // in the first draft round
+    int64_t next_pos;  // where the next step's row goes
+    int left;          // tokens still to propose
+    std::vector<int32_t> blocks;
+    std::vector<float> own;  // MTP: its last output, the next step's hidden state
+  };
+  // The first draft round (the target's rows as the draft model takes them)
+  // and the lanes that propose, of a draft model and of an MTP drafter.
+  void FeedModel(const RoundInput& round, absl::Span<const Feed> feeds, RoundInput* first,
+                 std::vector<Proposing>* proposing);
+  void FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds, const RoundOutput& target,
+               RoundInput* first, std::vector<Proposing>* proposing);
+  // Runs the first round, then one position a pass for the proposing lanes.
+  void Propose(const RoundInput& first, std::vector<Proposing>* proposing,
+               std::vector<std::vector<int32_t>>* proposals);
   // Scratch blocks after `blocks` so that they cover position `last`; false
   // when this round's scratch is used up.
   bool CoverWithScratch(int64_t last, std::vector<int32_t>* blocks, int* scratch_next) const;

@@ -109,8 +109,13 @@ absl::Status StepLoop::Install(int64_t epoch, std::unique_ptr<TimedCommunicator>
       return st;
     }
     if (draft != nullptr) {
+      // The draft pool follows the target's block ids, which cover
+      // block_tokens() positions each (more than a block under context
+      // parallel); the draft model keeps all of them.
+      KvPoolSpec draft_pool = pool;
+      draft_pool.block_size = backend->block_tokens();
       absl::StatusOr<std::unique_ptr<DraftRunner>> d = DraftRunner::Create(
-          std::move(draft), pool, backend->config().vocab, backend->config().max_position);
+          std::move(draft), draft_pool, backend->config().vocab, backend->config().max_position);
       if (d.ok()) {
         draft_ = std::move(*d);
       } else {

@@ -51,6 +51,7 @@ inline void AttendHeadImpl(const AttendArgs& a) {
       sum += s[j];
     }
     for (int64_t j = 0; j < n; ++j) s[j] /= sum;
+    if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
     float* o = a.out + r * a.ldo;
     const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
     for (int d = 0; d < vd; ++d) o[d] = 0.0f;

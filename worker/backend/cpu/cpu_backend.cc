@@ -66,7 +66,10 @@ class CpuBackend final : public Backend {
         // The graph meets the group only when the model is sharded over one.
         ops_(&pool_, isa_, comm_ != nullptr && shard_.world > 1 ? comm_ : nullptr),
         graph_(std::move(graph)),
-        caches_(graph_->LayerCaches()) {}
+        caches_(graph_->LayerCaches()),
+        dcp_(options.context_parallel && comm_ != nullptr && shard_.world > 1 ? shard_.world : 1) {
+    ops_.set_context_parallel(dcp_ > 1 ? shard_.rank : 0, dcp_);
+  }
 
   std::string name() const override {
     return absl::StrCat("cpu(", cpu::IsaName(isa_), ", ", pool_.num_threads(), " threads",
@@ -78,6 +81,8 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   std::vector<LayerCacheSpec> layer_caches() const override { return caches_; }
   const KvPoolSpec& kv_pool() const override { return kv_spec_; }
+  int block_tokens() const override { return kv_spec_.block_size * dcp_; }
+  int context_parallel() const override { return dcp_; }
 
   absl::Status AllocateKvPool(const KvPoolSpec& spec) override {
     ops_.set_kv_cache(nullptr);
@@ -136,11 +141,13 @@ class CpuBackend final : public Backend {
   cpu::CpuOps ops_;  // borrows pool_, comm_ and kv_
   const std::unique_ptr<ModelGraph> graph_;
   const std::vector<LayerCacheSpec> caches_;  // the graph's, fixed for its life
+  const int dcp_;                             // decode context parallel world (1: off)
 };
 
 absl::Status CpuBackend::Validate(const RoundInput& round) const {
   if (!kv_) return absl::FailedPreconditionError("KV pool not allocated");
-  const int bs = kv_spec_.block_size;
+  // A block id covers bs positions, or bs * world under context parallel.
+  const int bs = block_tokens();
   std::set<std::pair<int32_t, int>> written;
   for (size_t s = 0; s < round.seqs.size(); ++s) {
     const SeqStep& q = round.seqs[s];
@@ -209,6 +216,11 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(std::shared_ptr<const ModelWeights> model,
                                                           const CpuBackendOptions& options) {
+  if (options.context_parallel && !IsMla(model->config)) {
+    return absl::InvalidArgumentError(
+        "decode context parallel splits a latent cache by position; this model keeps per-head "
+        "K/V (its heads are split by tensor parallelism instead)");
+  }
   absl::StatusOr<std::unique_ptr<ModelGraph>> graph = CreateGraph(model);
   if (!graph.ok()) return graph.status();
   return std::make_unique<CpuBackend>(std::move(model), std::move(*graph), options);

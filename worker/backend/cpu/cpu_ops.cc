@@ -26,6 +26,8 @@ void CpuOps::BeginRound(const RoundRows& rows) {
   qbuf_.resize(threads);
   sel_kt_.resize(threads);
   sel_v_.resize(threads);
+  local_pos_.resize(threads);
+  local_sel_.resize(threads);
 }
 
 void CpuOps::PrepareRope(absl::Span<const float> inv_freq) {
@@ -224,7 +226,11 @@ void CpuOps::StoreLatent(int layer, absl::Span<const LatentPart> parts) {
       }
       dst += part.dim;
     }
-    kv_->Store(seq.block_ids[p / bs], static_cast<int>(p % bs), layer, 0, latent_row_.data());
+    // Context parallel: this rank keeps every world-th position, at its
+    // local index among them.
+    if (p % dcp_world_ != dcp_rank_) continue;
+    const int64_t j = p / dcp_world_;
+    kv_->Store(seq.block_ids[j / bs], static_cast<int>(j % bs), layer, 0, latent_row_.data());
   }
 }
 
@@ -247,9 +253,14 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     auto sparse = [&](int r) { return selection != nullptr && selection->count[row0 + r] > 0; };
     // Dense rows read the context up to their own position; sparse rows
     // (past the window, so after every dense row) only what they chose.
+    // Context parallel: the rank's own positions only, by local index; a
+    // row sees the local ones up to its position (LocalCount).
+    std::vector<int64_t>& local_pos = local_pos_[thread];
+    local_pos.resize(static_cast<size_t>(rows));
     int64_t n_dense = 0;
     for (int r = 0; r < rows; ++r) {
-      if (!sparse(r)) n_dense = rows_.positions[row0 + r] + 1;
+      local_pos[r] = LocalCount(rows_.positions[row0 + r]) - 1;
+      if (!sparse(r)) n_dense = local_pos[r] + 1;
     }
     std::vector<float>& kb = kbuf_[thread];
     std::vector<float>& kt = ktbuf_[thread];
@@ -285,27 +296,46 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     // head; each sparse row reads its chosen positions once for all heads.
     int n_dense_rows = 0;
     while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
+    // The log-sum-exps, context parallel: [rows][heads].
+    a.ld_lse = lh.heads;
     for (int h = h0; h < h1 && n_dense_rows > 0; ++h) {
       for (int r = 0; r < n_dense_rows; ++r) query(r, h, qb.data() + int64_t{r} * W);
       a.q = qb.data();
       a.rows = n_dense_rows;
-      a.positions = rows_.positions + row0;
+      a.positions = local_pos.data();
       a.kt = kt.data();
       a.ldkt = n_dense;
       a.v = kb.data();
       a.ldv = W;
       a.out = out + row0 * ld_lat + int64_t{h} * C;
+      a.lse = lh.lse != nullptr ? lh.lse + row0 * lh.heads + h : nullptr;
       AttendHead(a, isa_);
     }
     for (int r = n_dense_rows; r < rows; ++r) {
       const int64_t t = row0 + r;
-      // The chosen positions, in increasing order, as a context of their own.
-      const int n_sel = selection->count[t];
+      // The chosen positions, in increasing order, as a context of their
+      // own (context parallel: those this rank holds, by local index).
+      absl::Span<const int32_t> chosen(selection->selected + t * selection->topk,
+                                       selection->count[t]);
+      std::vector<int32_t>& mine = local_sel_[thread];
+      if (dcp_world_ > 1) {
+        mine.clear();
+        for (int32_t p : chosen) {
+          if (p % dcp_world_ == dcp_rank_) mine.push_back(p / dcp_world_);
+        }
+        chosen = mine;
+      }
+      const int n_sel = static_cast<int>(chosen.size());
+      if (n_sel == 0) {
+        for (int h = h0; h < h1; ++h) {
+          std::fill_n(out + t * ld_lat + int64_t{h} * C, C, 0.0f);
+          if (lh.lse != nullptr) lh.lse[t * lh.heads + h] = -INFINITY;
+        }
+        continue;
+      }
       sv.resize(static_cast<size_t>(n_sel) * W);
       skt.resize(static_cast<size_t>(n_sel) * W);
-      kv_->GatherPositions(seq.block_ids,
-                           absl::MakeConstSpan(selection->selected + t * selection->topk, n_sel),
-                           layer, 0, W, sv.data(), W);
+      kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
       for (int i = 0; i < n_sel; ++i)
         for (int d = 0; d < W; ++d) skt[int64_t{d} * n_sel + i] = sv[int64_t{i} * W + d];
       const int64_t last = n_sel - 1;
@@ -319,14 +349,31 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         a.v = sv.data();
         a.ldv = W;
         a.out = out + t * ld_lat + int64_t{h} * C;
+        a.lse = lh.lse != nullptr ? lh.lse + t * lh.heads + h : nullptr;
         AttendHead(a, isa_);
       }
     }
   });
 }
 
-void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, int topk,
-                           int32_t* selected, int32_t* count) {
+absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, int topk,
+                                   int32_t* selected, int32_t* count) {
+  // Context parallel: each rank scores the keys it holds and proposes its
+  // own top-k as (score, position) candidates; the ranks' candidates are
+  // gathered and every rank merges them in the same order. The global top-k
+  // is in the union of the local ones, and a key's score is the same on
+  // whichever rank holds it, so the choice equals the whole context's.
+  const bool cp = dcp_world_ > 1;
+  if (cp) candidates_.assign(static_cast<size_t>(rows_.rows) * topk * 2, 0.0f);
+  auto no_candidates = [&](int64_t t) {
+    for (int i = 0; i < topk; ++i) {
+      candidates_[(t * topk + i) * 2] = -INFINITY;
+      candidates_[(t * topk + i) * 2 + 1] = -1.0f;
+    }
+  };
+  if (cp) {
+    for (int64_t t = 0; t < rows_.rows; ++t) no_candidates(t);
+  }
   const int I = iq.head_dim;
   // Keys are split over the threads, sequence by sequence: a single decoding
   // stream at long context is one row scoring every key, and each key's
@@ -335,7 +382,7 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
   for (size_t s = 0; s < rows_.round->seqs.size(); ++s) {
     const SeqStep& seq = rows_.round->seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
-    const int64_t n_ctx = seq.start_position + rows;
+    const int64_t n_ctx = LocalCount(seq.start_position + rows - 1);
     const int64_t row0 = rows_.seq_row0[s];
     bool any = false;
     for (int r = 0; r < rows; ++r) {
@@ -360,8 +407,8 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
     std::vector<int32_t> order;
     for (int r = 0; r < rows; ++r) {
       const int64_t t = row0 + r;
-      const int64_t n = rows_.positions[t] + 1;
-      if (n <= dense_window) continue;
+      if (rows_.positions[t] + 1 <= dense_window) continue;
+      const int64_t n = LocalCount(rows_.positions[t]);  // keys of this rank it may see
       // This row's query and the cached keys alone decide: the choice never
       // depends on the row's round-mates.
       for (int h = 0; h < iq.heads; ++h) w[h] = iq.weight_scale * iq.w[t * iq.ldw + h];
@@ -377,12 +424,84 @@ void CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_window, 
       const int k = static_cast<int>(std::min<int64_t>(topk, n));
       order.resize(n);
       std::iota(order.begin(), order.end(), 0);
+      // Local index order is position order, so ties go to the lower
+      // position here as in the merge.
       std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
         return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
       });
+      if (cp) {
+        for (int i = 0; i < k; ++i) {
+          candidates_[(t * topk + i) * 2] = sc[order[i]];
+          candidates_[(t * topk + i) * 2 + 1] =
+              static_cast<float>(int64_t{order[i]} * dcp_world_ + dcp_rank_);
+        }
+        continue;
+      }
       std::sort(order.begin(), order.begin() + k);
       std::copy_n(order.begin(), k, selected + t * topk);
       count[t] = k;
+    }
+  }
+  if (!cp) return absl::OkStatus();
+  const int64_t per_rank = rows_.rows * topk * 2;
+  all_candidates_.resize(static_cast<size_t>(per_rank) * dcp_world_);
+  if (absl::Status st = AllGather(candidates_.data(), per_rank, all_candidates_.data()); !st.ok()) {
+    return st;
+  }
+  struct Candidate {
+    float score;
+    int32_t position;
+  };
+  std::vector<Candidate> merged;
+  for (int64_t t = 0; t < rows_.rows; ++t) {
+    const int64_t n = rows_.positions[t] + 1;
+    if (n <= dense_window) continue;
+    merged.clear();
+    for (int w = 0; w < dcp_world_; ++w) {
+      const float* c = all_candidates_.data() + w * per_rank + t * topk * 2;
+      for (int i = 0; i < topk; ++i) {
+        if (c[2 * i + 1] >= 0) merged.push_back({c[2 * i], static_cast<int32_t>(c[2 * i + 1])});
+      }
+    }
+    const int k = static_cast<int>(std::min<int64_t>(topk, n));
+    std::partial_sort(merged.begin(), merged.begin() + k, merged.end(),
+                      [](const Candidate& a, const Candidate& b) {
+                        return a.score > b.score || (a.score == b.score && a.position < b.position);
+                      });
+    for (int i = 0; i < k; ++i) selected[t * topk + i] = merged[i].position;
+    std::sort(selected + t * topk, selected + t * topk + k);
+    count[t] = k;
+  }
+  return absl::OkStatus();
+}
+
+void CpuOps::TransposeBlocks(const float* in, int64_t a, int64_t b, int64_t c, float* out) {
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < b; ++j) std::memcpy(out + (j * a + i) * c, in + (i * b + j) * c, c * 4);
+}
+
+void CpuOps::MergeAttention(const float* parts, const float* lse, int world, int64_t rows,
+                            int heads, int head0, int local_heads, int dim, float* out) {
+  const int64_t part = rows * heads;
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int hl = 0; hl < local_heads; ++hl) {
+      const int64_t th = t * heads + head0 + hl;
+      float mx = -INFINITY;
+      for (int w = 0; w < world; ++w) mx = std::fmax(mx, lse[w * part + th]);
+      float* o = out + (t * local_heads + hl) * dim;
+      std::fill_n(o, dim, 0.0f);
+      float sum = 0.0f;
+      // In rank order, each part weighed by its share of the softmax mass.
+      for (int w = 0; w < world; ++w) {
+        const float l = lse[w * part + th];
+        if (l == -INFINITY) continue;
+        const float e = std::exp(l - mx);
+        sum += e;
+        const float* p = parts + (w * part + th) * dim;
+        for (int d = 0; d < dim; ++d) o[d] = std::fma(e, p[d], o[d]);
+      }
+      const float inv = 1.0f / sum;
+      for (int d = 0; d < dim; ++d) o[d] *= inv;
     }
   }
 }

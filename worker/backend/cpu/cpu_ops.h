@@ -31,6 +31,11 @@ class CpuOps final : public ComputeOps {
   // The pool the attention ops read and write (borrowed; null until the
   // backend allocates one).
   void set_kv_cache(KvCache* kv) { kv_ = kv; }
+  // Decode context parallel over the group (ComputeOps::context_parallel).
+  void set_context_parallel(int rank, int world) {
+    dcp_rank_ = rank;
+    dcp_world_ = world;
+  }
 
   float* Scratch(int slot, int64_t floats) override;
   void BeginRound(const RoundRows& rows) override;
@@ -52,8 +57,8 @@ class CpuOps final : public ComputeOps {
   void StoreLatent(int layer, absl::Span<const LatentPart> parts) override;
   void AttendLatent(int layer, const LatentHeads& heads, const float* q_lat, const float* q_pe,
                     const LatentSelection* selection, float* out) override;
-  void IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
-                     int32_t* selected, int32_t* count) override;
+  absl::Status IndexerSelect(int layer, const IndexerQuery& query, int dense_window, int topk,
+                             int32_t* selected, int32_t* count) override;
   void LayerNorm(const float* x, absl::Span<const float> w, absl::Span<const float> b, int dim,
                  float eps, float* out, int rows) override;
   void MoeRoute(const float* logits, int rows, const MoeConfig& moe,
@@ -64,6 +69,11 @@ class CpuOps final : public ComputeOps {
                       float* out) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
   void Add(float* x, const float* y, int64_t n) override;
+  int context_parallel() const override { return dcp_world_; }
+  int context_rank() const override { return dcp_rank_; }
+  void TransposeBlocks(const float* in, int64_t a, int64_t b, int64_t c, float* out) override;
+  void MergeAttention(const float* parts, const float* lse, int world, int64_t rows, int heads,
+                      int head0, int local_heads, int dim, float* out) override;
   void Upload(const float* host, int64_t n, float* dst) override;
   void Download(const float* src, int64_t n, float* host) override;
   int group_size() const override { return comm_ == nullptr ? 1 : comm_->world_size(); }
@@ -75,6 +85,14 @@ class CpuOps final : public ComputeOps {
   const Isa isa_;
   Communicator* const comm_;
   KvCache* kv_ = nullptr;
+  int dcp_rank_ = 0;
+  int dcp_world_ = 1;
+  // A context-parallel rank's local count of positions [0, p]: those with
+  // q % world == rank.
+  int64_t LocalCount(int64_t p) const {
+    return p < dcp_rank_ ? 0 : (p - dcp_rank_) / dcp_world_ + 1;
+  }
+  std::vector<float> candidates_, all_candidates_;  // IndexerSelect's merge
 
   RoundRows rows_;                // the current round
   std::vector<float> cos_, sin_;  // [rows][half]: RoPE angles of the round's rows
@@ -86,6 +104,8 @@ class CpuOps final : public ComputeOps {
   // Per pool thread: the queries of one latent head, [rows][latent + rope],
   // and a sparse row's selected keys (transposed) and values.
   std::vector<std::vector<float>> qbuf_, sel_kt_, sel_v_;
+  std::vector<std::vector<int64_t>> local_pos_;  // context parallel, per thread
+  std::vector<std::vector<int32_t>> local_sel_;
   // MatMulTransposed's weights converted to float, [w.rows][w.cols].
   AlignedFloats wt_;
   std::vector<float> latent_row_;  // StoreLatent's row: latent, then rope key

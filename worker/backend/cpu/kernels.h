@@ -88,6 +88,11 @@ struct AttendArgs {
   int64_t ldo;
   int v_dim = 0;
   float scale = 0.0f;
+  // Optional: each row's log-sum-exp of its scaled scores (max + log of the
+  // sum of exponentials), at lse[r * ld_lse], for combining attention over
+  // parts of a context (decode context parallel).
+  float* lse = nullptr;
+  int64_t ld_lse = 0;
 };
 void AttendHead(const AttendArgs& args, Isa isa);
 
