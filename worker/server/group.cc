@@ -171,7 +171,10 @@ void GroupMember::FormAndServe() {
   }
   std::unique_ptr<Backend> draft;
   if (o.rank == 0 && o.draft_model != nullptr) {
-    absl::StatusOr<std::unique_ptr<Backend>> d = CreateBackend(o.draft_model, o.backend, nullptr);
+    // Whole on this rank: no collectives, no split of its cache.
+    BackendOptions bo = o.backend;
+    bo.cpu.context_parallel = false;
+    absl::StatusOr<std::unique_ptr<Backend>> d = CreateBackend(o.draft_model, bo, nullptr);
     if (d.ok()) {
       draft = std::move(*d);
     } else {
