@@ -169,6 +169,58 @@ TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
   EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
 }
 
+// Decode context parallel: each rank's block holds its own half of the
+// block's 32 positions, so each rank offloads and restores under its own key
+// (together one copy of the latent, not one per rank), and a group of the
+// same split restored from them decodes the same token and log-probability.
+TEST(WorkerKvstoreTest, ContextParallelBlocksAreStoredPerRankAndRestore) {
+  auto o = worker::SyntheticPreset("glm5-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_kvstore_dcp_" + std::to_string(getpid());
+  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
+  ASSERT_NE(kv, nullptr);
+  const std::vector<std::string> flags = {"--kv_blocks=16", "--block_size=16",
+                                          "--kvstore=" + kv->address("kvstore"),
+                                          "--model=" + o->out_dir, "--decode_context_parallel"};
+  WorkerGroup a = StartGroup(2, flags);
+  WorkerGroup b = StartGroup(2, flags);
+  auto ca = ConnectGroup(a);
+  auto cb = ConnectGroup(b);
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(ca->info().block_size_tokens(), 32);
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 73; ++i) prompt.push_back((i * 37 + 11) % o->vocab);
+  auto ra = ca->Run(testing::OneRowPlan(1, 0, prompt, {0, 1, 2}));
+  ASSERT_TRUE(ra.ok() && ra->error().code() == 0) << (ra.ok() ? ra->error().message() : "");
+  v1::RoundPlan next = testing::OneRowPlan(2, 0, {1, 2, 3}, {0});
+  for (auto [id, c] : {std::pair{0, 'm'}, {1, 'n'}}) {
+    v1::KvBlockRef* off = next.add_offloads();
+    off->set_block_id(id);
+    off->set_prefix_hash(Hash(c));
+  }
+  auto rn = ca->Run(next);
+  ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
+  auto client = testing::KvClient(*kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = client->Stats();
+    return s.ok() && s->blocks_stored() == 4;  // 2 blocks x 2 ranks' halves
+  })) << "the offloads never reached the store";
+
+  for (int r = 0; r < 2; ++r) {
+    v1::RestoreKvBlocksResponse resp;
+    grpc::Status st = CallRestore(b.rank(r).address(), Restore({{7, 'm'}, {3, 'n'}}), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.num_restored(), 2) << "rank " << r << ": " << resp.stopped();
+  }
+  std::vector<int32_t> rest(prompt.begin() + 64, prompt.end());
+  auto rb = cb->Run(testing::OneRowPlan(1, 64, rest, {7, 3, 5}));
+  ASSERT_TRUE(rb.ok() && rb->error().code() == 0) << rb->error().message();
+  EXPECT_EQ(rb->outputs(0).tokens(0).token_id(), ra->outputs(0).tokens(0).token_id());
+  EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
+}
+
 // A TCP proxy in front of the kvstore that, once armed, flips one byte of
 // what the store sends: a block corrupted in transit.
 class FlipProxy {
