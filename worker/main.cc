@@ -373,7 +373,7 @@ int main(int argc, char** argv) {
       model_path, cfg.layers, cfg.heads, cfg.kv_heads, shard->shard.heads, shard->shard.kv_heads,
       cfg.vocab, context, kv_blocks, block_tokens, rw::DTypeName(*kv_dtype),
       static_cast<double>(block_bytes) * kv_blocks / (1 << 20), block_bytes / block_tokens,
-      dcp ? absl::StrCat("latent, every ", world, "th position: decode context parallel")
+      dcp ? absl::StrCat("latent, 1 position in ", world, ": decode context parallel")
           : std::string(rw::IsMla(cfg) ? "latent" : "K/V"),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
