@@ -26,6 +26,9 @@
 #                           router flags of the on side (e.g. add
 #                           --spec_max_drafts=4); set either to "" for none
 #   ROUTER_FLAGS, WORKER_FLAGS []   extra flags for both sides
+#   SPEC_ON_WORKER_FLAGS []  worker flags of the on side only (a draft model:
+#                           --draft_model=DIR, --draft_layers=N, --draft_mtp),
+#                           so the off side runs without one
 #   WORKLOADS [copy agentic]        shipped workloads or workload files
 #   LENGTH_SCALE [1]        ringlane-bench --length_scale (the shipped
 #                           workloads fit a 512-token context)
@@ -45,6 +48,7 @@ SPEC_OFF_FLAGS=${SPEC_OFF_FLAGS-"--spec_drafters=none"}
 SPEC_ON_FLAGS=${SPEC_ON_FLAGS-"--spec_drafters=ngram,suffix"}
 ROUTER_FLAGS=${ROUTER_FLAGS:-}
 WORKER_FLAGS=${WORKER_FLAGS:-}
+SPEC_ON_WORKER_FLAGS=${SPEC_ON_WORKER_FLAGS:-}
 WORKLOADS=${WORKLOADS:-copy agentic}
 LENGTH_SCALE=${LENGTH_SCALE:-1}
 SEED=${SEED:-7}
@@ -108,6 +112,8 @@ on_flags=($SPEC_ON_FLAGS)
 router_extra=($ROUTER_FLAGS)
 # shellcheck disable=SC2206
 worker_extra=($WORKER_FLAGS)
+# shellcheck disable=SC2206
+worker_on=($SPEC_ON_WORKER_FLAGS)
 missing_off=$(missing_flags "${off_flags[@]}")
 if [ -n "$missing_off" ]; then
   say "note: $ROUTER does not take $(echo "$missing_off" | tr '\n' ' ')(speculative" \
@@ -152,10 +158,13 @@ wait_listening() {  # pid, stdout file, LISTENING name, daemon: prints host:port
 }
 run_side() {  # side (off|on), run directory
   local side=$1 dir=$2 worker http wl
-  local flags=("${off_flags[@]}")
-  if [ "$side" = on ]; then flags=("${on_flags[@]}"); fi
+  local flags=("${off_flags[@]}") wflags=("${worker_extra[@]}")
+  if [ "$side" = on ]; then
+    flags=("${on_flags[@]}")
+    wflags+=("${worker_on[@]}")
+  fi
   mkdir -p "$dir"
-  "$WORKER" --model="$MODEL" --threads="$THREADS" --listen=127.0.0.1:0 "${worker_extra[@]}" \
+  "$WORKER" --model="$MODEL" --threads="$THREADS" --listen=127.0.0.1:0 "${wflags[@]}" \
     >"$dir/worker.out" 2>"$dir/worker.log" &
   pids+=($!)
   worker=$(wait_listening "${pids[-1]}" "$dir/worker.out" worker worker)

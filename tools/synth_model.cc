@@ -43,6 +43,10 @@ ABSL_FLAG(std::string, indexer_types, "",
           "DSA models: F (full) or S (shared, GLM-5.2) per layer; empty = every layer full");
 ABSL_FLAG(double, yarn_factor, 0.0,
           "DeepSeek family: YaRN RoPE scaling factor (> 1), over max_position / factor");
+ABSL_FLAG(int, silent_from, 0,
+          "Llama family, > 0: layers from this index on write zero o_proj and down_proj (they "
+          "add nothing), so --draft_layers=N with N = this value drafts exactly; for "
+          "benchmarks of speculative decoding with a perfect drafter");
 ABSL_FLAG(int, mtp_layers, 0,
           "DeepSeek family: 1 adds a multi-token-prediction layer at index --layers "
           "(num_nextn_predict_layers); 0 = none");
@@ -116,6 +120,8 @@ int main(int argc, char** argv) {
   take_int(FLAGS_index_topk, "index_topk", &o.index_topk);
   o.indexer_types = absl::GetFlag(FLAGS_indexer_types);
   o.mtp_layers = absl::GetFlag(FLAGS_mtp_layers);
+  o.silent_from = absl::GetFlag(FLAGS_silent_from);
+  if (o.silent_from < 0) ExitWithUsageError("--silent_from must be >= 0");
   if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0) {
     ExitWithUsageError(
         absl::StrCat("--kv_heads (", o.kv_heads, ") must divide --heads (", o.heads, ")"));

@@ -49,7 +49,7 @@ inline float NormalIsh(uint64_t key, int64_t index) {
   return u * 1.7320508f;
 }
 
-enum class Kind { kEmbedding, kLinear, kNorm, kBias };
+enum class Kind { kEmbedding, kLinear, kNorm, kBias, kZero };
 
 struct TensorPlan {
   std::string name;
@@ -77,6 +77,8 @@ float Value(Kind kind, uint64_t key, int64_t index, float linear_std) {
       // Positive, so a router's masked choices (which peers fill with 0 or
       // -inf) never outrank a biased score.
       return 0.05f * std::fabs(n);
+    case Kind::kZero:
+      return 0.0f;
   }
   return n;
 }
@@ -446,11 +448,13 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
     add_matrix(p + "self_attn.q_proj.weight", Kind::kLinear, q_dim, H, o.dtype);
     add_matrix(p + "self_attn.k_proj.weight", Kind::kLinear, kv_dim, H, o.dtype);
     add_matrix(p + "self_attn.v_proj.weight", Kind::kLinear, kv_dim, H, o.dtype);
-    add_matrix(p + "self_attn.o_proj.weight", Kind::kLinear, H, q_dim, o.dtype);
+    // Layers from silent_from on add nothing to the residual stream.
+    const Kind out = o.silent_from > 0 && l >= o.silent_from ? Kind::kZero : Kind::kLinear;
+    add_matrix(p + "self_attn.o_proj.weight", out, H, q_dim, o.dtype);
     add_norm(p + "post_attention_layernorm.weight");
     add_matrix(p + "mlp.gate_proj.weight", Kind::kLinear, I, H, o.dtype);
     add_matrix(p + "mlp.up_proj.weight", Kind::kLinear, I, H, o.dtype);
-    add_matrix(p + "mlp.down_proj.weight", Kind::kLinear, H, I, o.dtype);
+    add_matrix(p + "mlp.down_proj.weight", out, H, I, o.dtype);
   }
   add_norm("model.norm.weight");
   if (!c.tie_embeddings) add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);

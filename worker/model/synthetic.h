@@ -76,6 +76,12 @@ struct SyntheticModelOptions {
   // embed_tokens, which is the main model's), and writes
   // num_nextn_predict_layers: 1. num_hidden_layers stays `layers`.
   int mtp_layers = 0;
+  // Llama family, > 0: layers from this index on have zero o_proj and
+  // down_proj, so the model computes exactly what its first silent_from
+  // layers compute, at the cost of all of them: a target whose
+  // --draft_layers=silent_from self-drafter always agrees, for measuring
+  // speculative decoding's machinery with a perfect, cheap drafter.
+  int silent_from = 0;
 };
 
 // Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "worker/backend/factory.h"
 #include "worker/model/model.h"
+#include "worker/model/shard.h"
 #include "worker/model/synthetic.h"
 #include "worker/server/round_executor.h"
 
@@ -331,6 +332,44 @@ TEST_F(DraftRunnerTest, BadProposalRequestsAreInvalidArgument) {
   v1::RoundResult r = Run(plan);
   ASSERT_EQ(r.error().code(), 0) << r.error().message();
   EXPECT_EQ(r.outputs(0).draft_token_ids_size(), kMaxProposedDrafts);
+}
+
+// The benchmark's perfect drafter: layers from silent_from on add nothing,
+// so the model's first silent_from layers (FirstLayers) give its logits bit
+// for bit, and those of an ordinary model differ.
+TEST(DraftRunnerCreate, ASilentTailMakesTheFirstLayersExact) {
+  auto logits = [](std::shared_ptr<const ModelWeights> m) {
+    auto b = NewBackend(m);
+    EXPECT_TRUE(b->AllocateKvPool(kPool).ok());
+    RoundInput in;
+    in.seqs.push_back(SeqStep{.start_position = 0,
+                              .tokens = {5, 77, 300, 12, 9},
+                              .block_ids = {0, 1},
+                              .logit_offsets = {0, 1, 2, 3, 4}});
+    auto out = b->Step(in);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? out->logits[0] : std::vector<float>{};
+  };
+  for (int silent : {1, 0}) {
+    const std::string dir =
+        absl::StrCat(::testing::TempDir(), "/draft_runner_test_", ::getpid(), "_silent", silent);
+    std::filesystem::remove_all(dir);
+    SyntheticModelOptions o;
+    o.out_dir = dir;
+    o.layers = 3;
+    o.silent_from = silent;
+    ASSERT_TRUE(WriteSyntheticModel(o).ok());
+    auto w = LoadModel(dir);
+    ASSERT_TRUE(w.ok()) << w.status();
+    std::shared_ptr<const ModelWeights> full(std::move(*w));
+    auto first = FirstLayers(full, 1);
+    ASSERT_TRUE(first.ok()) << first.status();
+    if (silent == 1) {
+      EXPECT_EQ(logits(full), logits(*first));
+    } else {
+      EXPECT_NE(logits(full), logits(*first));
+    }
+  }
 }
 
 TEST(DraftRunnerCreate, RefusesAnotherVocabularyOrAShorterContext) {
