@@ -102,9 +102,27 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
   return proposals;
 }
 
+bool DraftRunner::StartProposal(size_t seq, int64_t position, int propose, size_t draft_seq,
+                                SeqStep* t, int* scratch_next, std::vector<Proposing>* proposing) {
+  // Each draft after the first writes one more position: up to position +
+  // propose - 1, within the context.
+  const int64_t context = draft_->config().max_position;
+  propose = std::min(propose, kMaxProposedDrafts);
+  if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - position));
+  if (propose <= 0 || !CoverWithScratch(position + propose - 1, &t->block_ids, scratch_next)) {
+    return false;
+  }
+  t->logit_offsets.push_back(static_cast<int32_t>(t->tokens.size() - 1));
+  proposing->push_back(Proposing{.seq = seq,
+                                 .draft_seq = draft_seq,
+                                 .next_pos = position + 1,
+                                 .left = propose,
+                                 .blocks = t->block_ids});
+  return true;
+}
+
 void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feeds,
                             RoundInput* first, std::vector<Proposing>* proposing) {
-  const int64_t context = draft_->config().max_position;
   int scratch_next = target_blocks_;
   for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
     const SeqStep& s = round.seqs[i];
@@ -114,19 +132,15 @@ void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feed
     const size_t keep = std::min<size_t>(std::max(f.keep, 0), s.tokens.size());
     t.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(keep));
     t.block_ids = s.block_ids;
-    // The sample goes at next_pos; each later draft one position further:
-    // up to next_pos + propose - 1.
-    const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
-    int propose = f.has_next ? std::min(f.propose, kMaxProposedDrafts) : 0;
-    if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - next_pos));
-    if (propose > 0 && CoverWithScratch(next_pos + propose - 1, &t.block_ids, &scratch_next)) {
+    // The sample goes at next_pos and gives the first draft; it is fed only
+    // when a proposal follows.
+    if (f.has_next && f.propose > 0) {
       t.tokens.push_back(f.next);
-      t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
-      proposing->push_back(Proposing{.seq = i,
-                                     .draft_seq = first->seqs.size(),
-                                     .next_pos = next_pos + 1,
-                                     .left = propose,
-                                     .blocks = t.block_ids});
+      const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
+      if (!StartProposal(i, next_pos, f.propose, first->seqs.size(), &t, &scratch_next,
+                         proposing)) {
+        t.tokens.pop_back();
+      }
     }
     if (!t.tokens.empty()) first->seqs.push_back(std::move(t));
   }
@@ -136,7 +150,6 @@ void DraftRunner::FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds,
                           const RoundOutput& target, RoundInput* first,
                           std::vector<Proposing>* proposing) {
   const int64_t D = draft_->config().hidden;
-  const int64_t context = draft_->config().max_position;
   if (pending_.size() > kMaxPending) pending_.clear();
   int scratch_next = target_blocks_;
   for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
@@ -175,19 +188,9 @@ void DraftRunner::FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds,
     } else {
       t.tokens.push_back(f.next);
       t.hidden_in.insert(t.hidden_in.end(), last_h, last_h + D);
-      // Its logits give the first draft; each later one writes one more
-      // position: up to position + propose - 1.
-      const int64_t position = s.start_position + keep - 1;
-      int propose = std::min(f.propose, kMaxProposedDrafts);
-      if (context > 0) propose = static_cast<int>(std::min<int64_t>(propose, context - position));
-      if (propose > 0 && CoverWithScratch(position + propose - 1, &t.block_ids, &scratch_next)) {
-        t.logit_offsets.push_back(static_cast<int32_t>(t.tokens.size() - 1));
-        proposing->push_back(Proposing{.seq = i,
-                                       .draft_seq = first->seqs.size(),
-                                       .next_pos = position + 1,
-                                       .left = propose,
-                                       .blocks = t.block_ids});
-      }
+      // Its logits give the first draft.
+      StartProposal(i, s.start_position + keep - 1, f.propose, first->seqs.size(), &t,
+                    &scratch_next, proposing);
     }
     if (!t.tokens.empty()) first->seqs.push_back(std::move(t));
   }

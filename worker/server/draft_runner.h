@@ -110,6 +110,11 @@ class DraftRunner {
                  std::vector<Proposing>* proposing);
   void FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds, const RoundOutput& target,
                RoundInput* first, std::vector<Proposing>* proposing);
+  // `t`'s last token (at `position`) asks for the first of up to `propose`
+  // drafts: its logits, scratch blocks for the later ones, and the lane in
+  // `proposing`. False, `t` unchanged, when none fit (context, scratch).
+  bool StartProposal(size_t seq, int64_t position, int propose, size_t draft_seq, SeqStep* t,
+                     int* scratch_next, std::vector<Proposing>* proposing);
   // Runs the first round, then one position a pass for the proposing lanes.
   void Propose(const RoundInput& first, std::vector<Proposing>* proposing,
                std::vector<std::vector<int32_t>>* proposals);
