@@ -33,7 +33,8 @@
 #   LENGTH_SCALE [1]        ringlane-bench --length_scale (the shipped
 #                           workloads fit a 512-token context)
 #   SEED [7]                ringlane-bench --seed, the same for every run
-#   OUT [$BUILD/spec-bench] where each run's logs, report.md and samples.json go
+#   OUT [$BUILD/spec-bench] where each run's logs, report.md, samples.json and
+#                           both daemons' /metrics after the run go
 #
 # A router without a flag named in SPEC_OFF_FLAGS runs the off side without it
 # (a router that cannot speculate is off); one without a flag named in
@@ -164,8 +165,8 @@ run_side() {  # side (off|on), run directory
     wflags+=("${worker_on[@]}")
   fi
   mkdir -p "$dir"
-  "$WORKER" --model="$MODEL" --threads="$THREADS" --listen=127.0.0.1:0 "${wflags[@]}" \
-    >"$dir/worker.out" 2>"$dir/worker.log" &
+  "$WORKER" --model="$MODEL" --threads="$THREADS" --listen=127.0.0.1:0 --metrics_port=0 \
+    "${wflags[@]}" >"$dir/worker.out" 2>"$dir/worker.log" &
   pids+=($!)
   worker=$(wait_listening "${pids[-1]}" "$dir/worker.out" worker worker)
   "$ROUTER" --workers="$worker" --tokenizer="$TOKENIZER" --listen=127.0.0.1:0 \
@@ -189,6 +190,12 @@ run_side() {  # side (off|on), run directory
       exit 1
     fi
   done
+  # Both daemons' counters after the run (round times, draft passes), for
+  # finding out why a figure moved.
+  curl -sf "http://$http/metrics" >"$dir/router-metrics.txt" 2>/dev/null || true
+  local wm
+  wm=$(sed -n 's/^LISTENING metrics=//p' "$dir/worker.out")
+  [ -n "$wm" ] && { curl -sf "http://$wm/metrics" >"$dir/worker-metrics.txt" 2>/dev/null || true; }
   stop_cluster
 }
 

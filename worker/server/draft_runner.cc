@@ -1,6 +1,7 @@
 #include "worker/server/draft_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,6 +88,7 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
                                                    absl::Span<const Feed> feeds,
                                                    const RoundOutput& target) {
   std::vector<std::vector<int32_t>> proposals(round.seqs.size());
+  last_propose_us_ = 0;
   RoundInput first;
   first.block_copies = round.block_copies;
   first.want_hidden = mtp_;
@@ -123,24 +125,47 @@ bool DraftRunner::StartProposal(size_t seq, int64_t position, int propose, size_
 
 void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feeds,
                             RoundInput* first, std::vector<Proposing>* proposing) {
+  if (lag_.size() > kMaxPending) lag_.clear();
   int scratch_next = target_blocks_;
   for (size_t i = 0; i < round.seqs.size() && i < feeds.size(); ++i) {
     const SeqStep& s = round.seqs[i];
     const Feed& f = feeds[i];
-    SeqStep t;
-    t.start_position = s.start_position;
     const size_t keep = std::min<size_t>(std::max(f.keep, 0), s.tokens.size());
-    t.tokens.assign(s.tokens.begin(), s.tokens.begin() + static_cast<std::ptrdiff_t>(keep));
+    const auto kept_end = s.tokens.begin() + static_cast<std::ptrdiff_t>(keep);
+    auto lag = lag_.find(f.lane);
+    // A row that does not continue the waiting tokens (the lane was
+    // preempted and starts over): they will never be fed.
+    if (lag != lag_.end() &&
+        lag->second.from + static_cast<int64_t>(lag->second.tokens.size()) != s.start_position) {
+      lag_.erase(lag);
+      lag = lag_.end();
+    }
+    SeqStep t;
     t.block_ids = s.block_ids;
-    // The sample goes at next_pos and gives the first draft; it is fed only
-    // when a proposal follows.
-    if (f.has_next && f.propose > 0) {
-      t.tokens.push_back(f.next);
-      const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
-      if (!StartProposal(i, next_pos, f.propose, first->seqs.size(), &t, &scratch_next,
-                         proposing)) {
-        t.tokens.pop_back();
-      }
+    if (!(f.has_next && f.propose > 0)) {
+      if (keep == 0) continue;
+      if (lag == lag_.end()) lag = lag_.emplace(f.lane, Lag{.from = s.start_position}).first;
+      lag->second.tokens.insert(lag->second.tokens.end(), s.tokens.begin(), kept_end);
+      if (lag->second.tokens.size() < kMaxLagTokens) continue;
+      t.start_position = lag->second.from;
+      t.tokens = std::move(lag->second.tokens);
+      lag_.erase(lag);
+      first->seqs.push_back(std::move(t));
+      continue;
+    }
+    if (lag != lag_.end()) {
+      t.start_position = lag->second.from;
+      t.tokens = std::move(lag->second.tokens);
+      lag_.erase(lag);
+    } else {
+      t.start_position = s.start_position;
+    }
+    t.tokens.insert(t.tokens.end(), s.tokens.begin(), kept_end);
+    // The sample goes at next_pos and gives the first draft.
+    t.tokens.push_back(f.next);
+    const int64_t next_pos = s.start_position + static_cast<int64_t>(keep);
+    if (!StartProposal(i, next_pos, f.propose, first->seqs.size(), &t, &scratch_next, proposing)) {
+      t.tokens.pop_back();
     }
     if (!t.tokens.empty()) first->seqs.push_back(std::move(t));
   }
@@ -212,6 +237,7 @@ void DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* propo
   // The rest one position a pass, every proposing lane together; an MTP
   // drafter drafts from its own last output.
   const size_t D = static_cast<size_t>(draft_->config().hidden);
+  const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     RoundInput step;
     step.want_hidden = mtp_;
@@ -240,6 +266,9 @@ void DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* propo
       ++p.next_pos;
     }
   }
+  last_propose_us_ =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
 }
 
 }  // namespace ringlane::worker

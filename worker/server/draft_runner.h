@@ -5,16 +5,24 @@
 // not proposed.
 //
 // The draft model keeps its own KV pool, indexed by the target's block ids:
-// every row of every round is fed to the draft model too (its accepted
+// the rows of a lane are fed to the draft model too (their accepted
 // tokens), so the draft's cache of block b holds the same positions and
 // tokens as the target's, and a prefix the router reuses from its cache, or
-// copies part of, is as valid for the draft as for the target. Positions a
+// copies part of, is as valid for the draft as for the target. Feeding is
+// lazy: a lane's kept tokens wait (up to kMaxLagTokens) until a row of it
+// asks for a proposal, and are fed then, ahead of the row's own, in the
+// same pass. So while the router asks for no proposals (drafting does not
+// pay at that load, router/spec/draft_gate.h) the draft model costs nothing,
+// and a lane that finishes without asking again is never fed at all;
+// measured on the synthetic 1.1B model with a 2-layer self-drafter at five
+// streams, feeding every row took ~10% of the worker's time. Positions a
 // proposal runs ahead into, past the row's own blocks, live in scratch
 // blocks after the target's range, reused every round: the next row feeds
 // those positions again with the tokens actually kept. What the draft pool
-// does not follow: blocks imported from the kvstore or another rank (their
-// draft entries are stale until written again), which costs acceptance,
-// never correctness.
+// does not follow: blocks imported from the kvstore or another rank, and
+// positions another lane has not fed yet when its blocks are reused or
+// copied (their draft entries are stale until written again), which costs
+// acceptance, never correctness.
 //
 // An MTP drafter (DeepSeek-V3 / GLM-5's MTP layer, ModelConfig::mtp_drafter)
 // reads the target's hidden states too: its entry for position j is made
@@ -82,12 +90,23 @@ class DraftRunner {
                                         const RoundOutput& target);
 
   // The lane is gone: drop what is kept for it.
-  void Forget(uint64_t lane) { pending_.erase(lane); }
+  void Forget(uint64_t lane) {
+    pending_.erase(lane);
+    lag_.erase(lane);
+  }
+  // Tokens of `lane` kept but not yet fed to the draft model.
+  int64_t lag_tokens(uint64_t lane) const {
+    auto it = lag_.find(lane);
+    return it == lag_.end() ? 0 : static_cast<int64_t>(it->second.tokens.size());
+  }
 
   int scratch_blocks() const { return scratch_blocks_; }
   // Tokens proposed and draft forward passes run, since creation.
   int64_t proposed_tokens() const { return proposed_; }
   int64_t passes() const { return passes_; }
+  // Microseconds the last Run spent in its passes after the first: the cost
+  // of proposing, beyond feeding the round.
+  int64_t last_propose_us() const { return last_propose_us_; }
 
  private:
   DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int scratch_blocks);
@@ -131,14 +150,23 @@ class DraftRunner {
   // More lanes than this waiting means lanes were never released (a stream
   // that vanished): start over rather than grow.
   static constexpr size_t kMaxPending = 4096;
+  // A lane's kept tokens not yet fed, from position `from` on. Past
+  // kMaxLagTokens they are fed as a chunk (memory stays bounded).
+  struct Lag {
+    int64_t from = 0;
+    std::vector<int32_t> tokens;
+  };
+  static constexpr size_t kMaxLagTokens = 8192;
 
   std::unique_ptr<Backend> draft_;
   const int target_blocks_;
   const int scratch_blocks_;
   const bool mtp_;
   absl::flat_hash_map<uint64_t, Pending> pending_;
+  absl::flat_hash_map<uint64_t, Lag> lag_;
   int64_t proposed_ = 0;
   int64_t passes_ = 0;
+  int64_t last_propose_us_ = 0;
   int64_t failures_ = 0;
 };
 

@@ -269,6 +269,48 @@ TEST_F(DraftRunnerTest, LanesSideBySideAndAPrefixReusedFromAnotherLane) {
   (void)ga;
 }
 
+TEST_F(DraftRunnerTest, ALaneThatAsksForNoProposalsCostsNoPassesAndIsCaughtUpWhenItAsks) {
+  // The router stops asking while drafting does not pay (a compute-bound
+  // worker with several lanes): the draft model must not run for those
+  // rows, and the lane's next proposal must still be its greedy
+  // continuation, the skipped tokens fed first.
+  const std::vector<int32_t> prompt = {1, 17, 99, 230, 5, 77, 301};
+  const std::vector<int32_t> greedy = GreedyTokens(prompt, 10);
+  ASSERT_EQ(greedy.size(), 10u);
+  int64_t pos = 0;
+  for (int r = 0; r < 6; ++r) {
+    v1::RoundPlan plan;
+    plan.set_round_id(r + 1);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(9);
+    row->set_start_position(pos);
+    row->set_sample_last(true);
+    if (r == 0) {
+      row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+      *row->mutable_sampling() = Greedy();
+      pos += static_cast<int64_t>(prompt.size());
+    } else {
+      row->set_use_last_sampled(true);
+      pos += 1;
+    }
+    AddBlocks(row, 0, pos);
+    if (r == 5) row->set_propose_drafts(4);
+    const v1::RoundResult res = Run(plan);
+    ASSERT_EQ(res.error().code(), 0) << res.error().message();
+    ASSERT_EQ(res.outputs_size(), 1);
+    EXPECT_EQ(Ids(res.outputs(0)), std::vector<int32_t>{greedy[r]}) << "round " << r;
+    if (r < 5) {
+      EXPECT_EQ(draft_->passes(), 0) << "round " << r;
+      EXPECT_EQ(res.outputs(0).draft_token_ids_size(), 0);
+    } else {
+      EXPECT_THAT(Drafts(res.outputs(0)), ElementsAreArray(greedy.begin() + 6, greedy.end()));
+    }
+  }
+  // One pass feeding the eleven positions and proposing the first draft,
+  // three for the others.
+  EXPECT_EQ(draft_->passes(), 4);
+}
+
 TEST_F(DraftRunnerTest, ProposalsNeverChangeWhatIsSampled) {
   // The same seeded, warm lane with and without proposals: same tokens and
   // logprobs, bit for bit.

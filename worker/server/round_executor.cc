@@ -296,12 +296,14 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
     last_draft_us_ =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - d0)
             .count();
+    result.set_draft_propose_time_us(draft_->last_propose_us());
     for (size_t k = 0; k < proposals.size(); ++k) {
       last_proposed_ += static_cast<int64_t>(proposals[k].size());
       if (output_of_seq[k] == nullptr) continue;
       output_of_seq[k]->mutable_draft_token_ids()->Add(proposals[k].begin(), proposals[k].end());
     }
   }
+  result.set_draft_tokens_proposed(static_cast<int32_t>(last_proposed_));
   const int64_t total_us =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count();
