@@ -109,6 +109,10 @@ RouterMetrics::RouterMetrics() : registry_(std::make_shared<prometheus::Registry
                                      "Verify rows per round, with speculation on", r);
   spec_depth_ = &Reg(BuildHistogram(), "ringlane_spec_depth",
                      "Drafts chosen per decode row with speculation on (0: a plain row)", r);
+  spec_rounds_ = &Reg(BuildCounter(), "ringlane_spec_rounds_total",
+                      "Rounds planned with speculation on, by whether drafting was allowed "
+                      "(the measured gate: off where drafting did not pay at that many lanes)",
+                      r);
   lanes_running_ =
       &Reg(BuildGauge(), "ringlane_lanes_running", "Lanes running on the worker group", r);
   lanes_waiting_ = &Reg(BuildGauge(), "ringlane_lanes_waiting", "Choices waiting for a lane", r);
@@ -183,6 +187,11 @@ GroupMetrics RouterMetrics::ForGroup(const std::string& model, int group,
   if (!draft_sources.empty()) {
     m.spec_verify_rows_per_round = &spec_verify_rows_per_round_->Add(l, RoundTokenBuckets());
     m.spec_depth = &spec_depth_->Add(l, DraftBuckets());
+    for (int on = 0; on < 2; ++on) {
+      prometheus::Labels x = l;
+      x["drafting"] = on ? "on" : "off";
+      m.spec_rounds[on] = &spec_rounds_->Add(x);
+    }
   }
   return m;
 }

@@ -89,6 +89,8 @@ struct GroupMetrics {
   // Per round with speculation on: verify rows; per decode row: drafts.
   prometheus::Histogram* spec_verify_rows_per_round = nullptr;
   prometheus::Histogram* spec_depth = nullptr;
+  // Rounds planned with speculation on: [0] drafting gated off, [1] on.
+  std::array<prometheus::Counter*, 2> spec_rounds = {nullptr, nullptr};
 };
 
 class RouterMetrics {
@@ -141,6 +143,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* spec_accepted_per_step_;
   prometheus::Family<prometheus::Histogram>* spec_verify_rows_per_round_;
   prometheus::Family<prometheus::Histogram>* spec_depth_;
+  prometheus::Family<prometheus::Counter>* spec_rounds_;
 };
 
 }  // namespace ringlane::router

@@ -256,7 +256,9 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
     if (reference.empty()) {
       reference = solo;
       for (size_t i = 0; i < m.golden.size(); ++i) {
-        if (!m.golden[i].empty()) EXPECT_EQ(solo[i].ids, m.golden[i]) << "golden case " << i;
+        if (!m.golden[i].empty()) {
+          EXPECT_EQ(solo[i].ids, m.golden[i]) << "golden case " << i;
+        }
       }
     }
     const std::vector<ChoiceOut> together = RunAll(*c, m.requests, true);
@@ -284,7 +286,9 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
     if (cfg.expect_accepted && (m.ngram_accepts || std::string(cfg.name) != "ngram")) {
       EXPECT_GT(accepted, 0);
     }
-    if (cfg.expect_rejected) EXPECT_GT(rejected, 0);
+    if (cfg.expect_rejected) {
+      EXPECT_GT(rejected, 0);
+    }
     if (cfg.draft == Config::Draft::kMtp) {
       // Random weights: the MTP layer's guesses are rarely right, but it
       // must have proposed and been verified.

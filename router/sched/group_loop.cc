@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -280,10 +281,14 @@ void GroupLoop::Loop() {
     const double busy_us = RoundBusyUs(Us(round.sent), Us(previous_done), Us(done));
     // Rounds that fed nothing (release rows only) cost the workers nothing:
     // their period over worker time says nothing of a round's.
+    std::optional<RoundObservation> observed;
     if (hooks_.drafter != nullptr && !round.after_idle && !round.round.rows.empty()) {
-      hooks_.drafter->ObserveRound(
-          round.pipelined, Us(done) - Us(previous_done),
-          static_cast<double>(r->compute_time_us() + r->collective_time_us()));
+      observed.emplace();
+      observed->pipelined = round.pipelined;
+      observed->period_us = Us(done) - Us(previous_done);
+      observed->worker_us = static_cast<double>(r->compute_time_us() + r->collective_time_us());
+      observed->draft_tag = round.round.draft.tag;
+      observed->prefilled_tokens = round.round.prefilled_tokens;
     }
     previous_done = done;
     absl::MutexLock l(&mu_);
@@ -294,7 +299,7 @@ void GroupLoop::Loop() {
     last_applied_round_ = round.round.plan.round_id();
     metrics_.rounds->Increment();
     metrics_.round_duration_s->Observe(Seconds(done - round.sent));
-    Apply(round, *r, busy_us);
+    Apply(round, *r, busy_us, observed ? &*observed : nullptr);
     UpdateGauges();
   }
   in_flight_.clear();
@@ -310,6 +315,7 @@ void GroupLoop::RecordPlan(const PlannedRound& round) {
     for (const PlannedRow& row : round.rows) {
       if (row.decode) metrics_.spec_depth->Observe(static_cast<double>(row.drafts));
     }
+    if (round.draft.tag >= 0) metrics_.spec_rounds[round.draft.drafting_allowed]->Increment();
   }
   if (round.preemptions > 0)
     metrics_.preemptions->Increment(static_cast<double>(round.preemptions));
@@ -349,7 +355,8 @@ std::string GroupLoop::LogLine(const PlannedRound& round, int64_t in_flight) con
   return FormatRoundLog(e);
 }
 
-void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us) {
+void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us,
+                      RoundObservation* observed) {
   Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr);
   const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
   // A client may read the metrics the moment it has its last token.
@@ -361,10 +368,20 @@ void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, doub
     DeliverProposals(result);
   }
   if (result.error().code() != 0) return;
-  cost_.Observe(a.tokens, busy_us, a.attended);
+  // Proposing is priced per draft token (the drafter's), not per fed one.
+  const double propose_us = static_cast<double>(result.draft_propose_time_us());
+  if (hooks_.drafter != nullptr && result.draft_tokens_proposed() > 0) {
+    hooks_.drafter->ObserveDraftCost(propose_us, result.draft_tokens_proposed());
+  }
+  cost_.Observe(a.tokens, std::max(0.0, busy_us - propose_us), a.attended);
   metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
   metrics_.sampling_rows->Increment(static_cast<double>(a.sampling_rows));
   RecordVerify(round.round, a);
+  if (observed != nullptr) {
+    observed->tokens = a.sampling_rows;
+    for (int64_t accepted : a.accepted_by_row) observed->tokens += accepted;
+    hooks_.drafter->ObserveRound(*observed);
+  }
 }
 
 void GroupLoop::DeliverProposals(const v1::RoundResult& result) {

@@ -135,8 +135,9 @@ class GroupLoop {
   void Loop();
   bool Connect();
   void OnGroupFailure(const absl::Status& status);
-  void Apply(const InFlight& round, const ringlane::v1::RoundResult& result, double busy_us)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `observed`, when set, goes to the drafter with the round's tokens.
+  void Apply(const InFlight& round, const ringlane::v1::RoundResult& result, double busy_us,
+             RoundObservation* observed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPlan(const PlannedRound& round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the workers' draft-model proposals of `result` to the drafter.
   void DeliverProposals(const ringlane::v1::RoundResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

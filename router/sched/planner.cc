@@ -275,6 +275,14 @@ void Planning::PlanDecodeRows() {
   const int64_t decoders =
       std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
   int64_t decoders_left = decoders;
+  if (speculative) {
+    // Whether drafting pays depends on how many lanes decode, whether or not
+    // they want a row this round (a lane awaiting its verify result).
+    const int64_t decoding = std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) {
+      return !l->gone && !l->prefilling() && TokensLeft(*l) > 0;
+    });
+    drafter_->BeginRound(decoding);
+  }
   // Oldest lane first; a lane that cannot grow takes blocks from the
   // youngest lane not yet in the round.
   for (size_t i = 0; i < s_.lanes.size(); ++i) {
@@ -321,6 +329,7 @@ void Planning::PlanDecodeRows() {
     ++decode_rows_;
     decode_tokens_ += 1 + static_cast<int64_t>(d.tokens.size());
   }
+  if (speculative) out_->draft = drafter_->EndRound();
 }
 
 void Planning::PlanPrefillRows() {

@@ -63,6 +63,27 @@ struct DraftDecision {
   bool wait = false;
 };
 
+// The drafter's view of a planned round, handed back with its result.
+struct DraftRoundTag {
+  int tag = -1;
+  // Whether the drafter let lanes draft in it (for the metrics).
+  bool drafting_allowed = true;
+};
+
+// What the group loop saw of a round, for the drafter.
+struct RoundObservation {
+  // Sent while another round was in flight.
+  bool pipelined = false;
+  // Since the previous round's result, and of the workers' own time.
+  double period_us = 0;
+  double worker_us = 0;
+  // Drafter::EndRound's tag when the round was planned (-1: none).
+  int draft_tag = -1;
+  // Tokens the round gave lanes (sampled and accepted); prompt tokens fed.
+  int64_t tokens = 0;
+  int64_t prefilled_tokens = 0;
+};
+
 // Speculative decoding's seam in the planner: decides per decode row whether
 // to draft, how deep and from which source, and learns from what the
 // workers accepted. Called on the group's thread only.
@@ -87,10 +108,18 @@ class Drafter {
   virtual void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) {}
   // After a round is applied: drop what is kept for lanes no longer live.
   virtual void Sweep(const SchedState& state) {}
-  // A round's result arrived `period_us` after the previous one, for
-  // `worker_us` of the workers' time; `pipelined` when it was sent while
-  // another round was in flight.
-  virtual void ObserveRound(bool pipelined, double period_us, double worker_us) {}
+  // A round is being planned while `decoding_lanes` lanes are past their
+  // prompt (whether or not they get a row in it): BeginRound comes before
+  // any Plan or ProposeDepth call for it, EndRound after its decode rows.
+  // EndRound's tag (-1: none) comes back in the round's RoundObservation.
+  virtual void BeginRound(int64_t decoding_lanes) {}
+  virtual DraftRoundTag EndRound() { return {}; }
+  // A round's result is in (see RoundObservation).
+  virtual void ObserveRound(const RoundObservation& round) {}
+  // The workers' draft model spent `propose_us` proposing `tokens` draft
+  // tokens in a round (beyond feeding it): the price of a proposed draft,
+  // which the round-cost model leaves out.
+  virtual void ObserveDraftCost(double propose_us, int64_t tokens) {}
 };
 
 struct PlannerOptions {
@@ -136,6 +165,8 @@ struct PlannedRound {
   int64_t admitted_prompt_tokens = 0;
   int64_t admitted_cached_tokens = 0;
   bool admitted_any = false;
+  // Drafter::EndRound's answer (tag -1: not asked).
+  DraftRoundTag draft;
 };
 
 // Plans the next round into `out`. An empty plan (no rows) means nothing to

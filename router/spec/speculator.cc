@@ -94,6 +94,38 @@ double Speculator::Acceptance(const LaneSpec& lane, int rate) const {
          (r.accepted + r.rejections + kPriorRows);
 }
 
+double Speculator::DraftUsPerToken() const {
+  return draft_tokens_ > 0 ? draft_us_ / draft_tokens_ : 0;
+}
+
+void Speculator::ObserveDraftCost(double propose_us, int64_t tokens) {
+  if (tokens <= 0 || propose_us < 0) return;
+  draft_us_ = kRoundDecay * draft_us_ + propose_us;
+  draft_tokens_ = kRoundDecay * draft_tokens_ + static_cast<double>(tokens);
+}
+
+void Speculator::BeginRound(int64_t decoding_lanes) {
+  round_lanes_ = decoding_lanes;
+  round_open_ = !o_.adaptive || gate_.IsOpen(decoding_lanes);
+  round_wanted_ = false;
+}
+
+DraftRoundTag Speculator::EndRound() {
+  DraftRoundTag t;
+  t.drafting_allowed = round_open_;
+  if (!o_.adaptive) return t;
+  auto regime = DraftGate::Regime::kPlain;
+  for (const auto& [id, ls] : lanes_) {
+    if (ls.in_draft) {
+      regime = DraftGate::Regime::kDrafting;
+      break;
+    }
+    if (ls.probing) regime = DraftGate::Regime::kNeither;
+  }
+  t.tag = gate_.Tag(round_lanes_, regime, round_wanted_);
+  return t;
+}
+
 double Speculator::LatencyRatio() const {
   return std::clamp(unpipelined_ratio_ / pipelined_ratio_, 1.0, 8.0);
 }
@@ -116,25 +148,46 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
       ctx.cost->per_token_us() > 0) {
     ratio = ctx.cost->per_token_us() / ctx.cost->fixed_us();
   }
+  // A draft of the workers' draft model also costs its proposal, against
+  // the same fixed cost.
+  double draft_ratio = 0;
+  if (ctx.cost != nullptr && ctx.cost->ready() && ctx.cost->fixed_us() > 0) {
+    draft_ratio = DraftUsPerToken() / ctx.cost->fixed_us();
+  }
   const double n = static_cast<double>(std::max<int64_t>(1, ctx.decoding_lanes));
   const double threshold = ratio * n / (1 + ratio * n);
+  const double model_threshold = (ratio + draft_ratio) * n / (1 + ratio * n);
 
   int best = -1, best_k = 0, best_class = 0;
   double best_value = -1;
+  // What the best source's acceptance would give at full depth: the same
+  // yardstick whether or not the gate lets the lane draft (a closed gate's
+  // draft model proposes nothing to measure depth by).
+  double potential = 0;
   std::vector<int32_t> best_tokens;
   for (size_t s = 0; s < sources_.size(); ++s) {
     Proposal prop = sources_[s]->Propose(lane.id, lane.seq, cap);
+    // While the gate is closed the draft model proposes nothing: what it
+    // would be worth is judged from its acceptance at full depth.
+    if (!round_open_ && static_cast<int>(s) == model_source_) {
+      prop.tokens.assign(static_cast<size_t>(cap), 0);
+      prop.pending = false;
+    }
     if (prop.tokens.empty()) continue;
     // Placeholders count only for deciding whether to wait for them.
     if (prop.pending && !ctx.row_in_flight) continue;
     const int cls = MatchClass(prop.match_length);
     const double a = Acceptance(ls, static_cast<int>(s) * kMatchClasses + cls);
+    double full = 0;
+    for (int j = 0; j < cap; ++j) full = a * (1 + full);
+    potential = std::max(potential, full);
+    const double cut = static_cast<int>(s) == model_source_ ? model_threshold : threshold;
     int k = 0;
     double value = 0, term = 1;
     const int len = static_cast<int>(prop.tokens.size());
     while (k < len) {
       term *= a;
-      if (o_.adaptive && term <= threshold) break;
+      if (o_.adaptive && term <= cut) break;
       value += term;
       ++k;
     }
@@ -147,6 +200,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     }
   }
   ls.model_chosen = false;
+  ls.in_draft = false;
   if (best < 0) {
     ++ls.rows_since_draft;
     return d;
@@ -155,8 +209,18 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   // going gives this lane a row every other round.
   double rho = LatencyRatio();
   if (ctx.row_in_flight && ctx.decoding_lanes > 1) rho = std::max(rho, 2.0);
+  const bool pays = !o_.adaptive || (best_k > 0 && 1 + best_value > rho);
+  if (pays && o_.adaptive) {
+    round_wanted_ = true;
+    gate_.NoteWanted(round_lanes_, 1 + potential);
+  }
+  // The gate closed: no drafts, no probes, no proposals asked for.
+  if (!round_open_) {
+    ++ls.rows_since_draft;
+    return d;
+  }
   bool probe = false;
-  if (o_.adaptive && (best_k == 0 || 1 + best_value <= rho)) {
+  if (!pays) {
     if (ls.rows_since_draft < ls.probe_interval) {
       ++ls.rows_since_draft;
       return d;
@@ -166,6 +230,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   }
   ls.model_chosen = best == model_source_;
   ls.model_depth = best_k;
+  ls.in_draft = !probe;
   if (ctx.row_in_flight) {
     d.wait = true;
     return d;
@@ -185,6 +250,7 @@ int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
   int cap = std::min(max_drafts, o_.max_drafts);
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
   if (cap <= 0) return 0;
+  if (o_.adaptive && !round_open_) return 0;
   auto it = lanes_.find(lane.id);
   // A new lane gets a full proposal: its first decision learns from it.
   if (!o_.adaptive || it == lanes_.end()) return cap;
@@ -214,6 +280,7 @@ void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) 
   Rate& r = ls.rates[source * kMatchClasses + cls];
   r.accepted = r.accepted * kLaneDecay + accepted;
   r.rejections = r.rejections * kLaneDecay + rejected;
+  ls.in_draft = false;
   if (ls.probing) {
     ls.probe_interval = accepted > 0 ? kProbeMin : std::min(2 * ls.probe_interval, kProbeMax);
     probe_start_ = accepted > 0 ? kProbeMin : std::min(2 * probe_start_, kProbeMax);
@@ -241,10 +308,13 @@ void Speculator::Sweep(const SchedState& state) {
   }
 }
 
-void Speculator::ObserveRound(bool pipelined, double period_us, double worker_us) {
-  if (worker_us <= 0 || period_us <= 0) return;
-  const double r = period_us / worker_us;
-  double& mean = pipelined ? pipelined_ratio_ : unpipelined_ratio_;
+void Speculator::ObserveRound(const RoundObservation& round) {
+  if (round.draft_tag >= 0 && round.prefilled_tokens == 0) {
+    gate_.Observe(round.draft_tag, round.tokens, round.period_us);
+  }
+  if (round.worker_us <= 0 || round.period_us <= 0) return;
+  const double r = round.period_us / round.worker_us;
+  double& mean = round.pipelined ? pipelined_ratio_ : unpipelined_ratio_;
   mean = kRoundDecay * mean + (1 - kRoundDecay) * r;
 }
 

@@ -16,7 +16,19 @@
 // by the round-cost model (fixed + per_token * tokens) it raises the
 // round's tokens per microsecond while p^j > per_token * N / (fixed +
 // per_token * N). So a lone memory-bound lane drafts deep, a full round
-// shallow, and a source that is rarely right not at all.
+// shallow, and a source that is rarely right not at all. A draft the
+// workers' draft model proposes costs its passes besides its verify
+// position: measured per proposed token (RoundResult.draft_propose_time_us),
+// the model source's j-th draft pays while p^j > (per_token + per_draft) *
+// N / (fixed + per_token * N), so a draft model that is as dear as a round
+// of the target drafts shallow or not at all, however often it is right.
+// The linear cost model is right where decode is memory-bound; where it is
+// compute-bound (a CPU worker with several lanes) a verify position costs
+// a full token and drafting loses though every draft is accepted. So over
+// all of this, a DraftGate measures per number of decoding lanes whether
+// rounds with drafting give more tokens per second than rounds without,
+// and where they do not, no lane drafts or asks the draft model for
+// proposals (see draft_gate.h).
 //
 // Whether to draft. A lane that drafts gives up pipelining: its next row
 // must wait for the verify result. Plain decode pipelined yields one token
@@ -43,6 +55,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "router/sched/planner.h"
+#include "router/spec/draft_gate.h"
 #include "router/spec/draft_sources.h"
 
 namespace ringlane::router {
@@ -70,13 +83,20 @@ class Speculator final : public Drafter {
   void OnVerified(LaneId lane, int source, int drafted, int accepted) override;
   void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) override;
   void Sweep(const SchedState& state) override;
-  void ObserveRound(bool pipelined, double period_us, double worker_us) override;
+  void BeginRound(int64_t decoding_lanes) override;
+  DraftRoundTag EndRound() override;
+  void ObserveRound(const RoundObservation& round) override;
+  void ObserveDraftCost(double propose_us, int64_t tokens) override;
 
   const std::vector<std::string>& source_names() const { return names_; }
   // The group-wide acceptance estimate of a source (the lanes' prior).
   double SourceAcceptance(int source) const;
   // Unpipelined over pipelined round period, as measured (>= 1).
   double LatencyRatio() const;
+  // The workers' measured microseconds per proposed draft token (0 until
+  // measured).
+  double DraftUsPerToken() const;
+  const DraftGate& gate() const { return gate_; }
   size_t lanes() const { return lanes_.size(); }
 
  private:
@@ -101,6 +121,9 @@ class Speculator final : public Drafter {
     // (to draft or to wait for drafts), with this many drafts.
     bool model_chosen = false;
     int model_depth = 0;
+    // Drafted at the depth chosen (not a probe), or waits to: until its
+    // verify result is in, the group's rounds are drafting rounds.
+    bool in_draft = false;
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
@@ -120,6 +143,15 @@ class Speculator final : public Drafter {
   int probe_start_ = 8;
   double unpipelined_ratio_ = 1.5;
   double pipelined_ratio_ = 1.0;
+  // Decayed sums of the draft model's proposing time and proposed tokens.
+  double draft_us_ = 0;
+  double draft_tokens_ = 0;
+  DraftGate gate_;
+  // The round being planned: its decoding lanes, whether the gate lets it
+  // draft, and whether a lane wanted to.
+  int64_t round_lanes_ = 1;
+  bool round_open_ = true;
+  bool round_wanted_ = false;
 };
 
 }  // namespace ringlane::router

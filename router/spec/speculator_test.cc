@@ -7,6 +7,7 @@
 // workers).
 #include "router/spec/speculator.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -324,6 +325,119 @@ TEST(SpeculatorTest, ModelDraftsDeepWhenRightAndIsAskedForAlmostNothingWhenWrong
   // Without the model source nothing is ever asked.
   auto ngram = Make({"ngram"});
   EXPECT_EQ(ngram->ProposeDepth(g.lane, 8), 0);
+}
+
+TEST(SpeculatorTest, ADraftModelIsChargedForItsProposals) {
+  // Always right; a target token costs 1% of a round. A draft model that is
+  // cheap to run drafts as deep as allowed, alone and with five lanes.
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext alone{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  DraftContext five = alone;
+  five.decoding_lanes = 5;
+  auto cheap = Make({"model"});
+  cheap->ObserveDraftCost(8 * 50, 8);
+  EXPECT_DOUBLE_EQ(cheap->DraftUsPerToken(), 50);
+  ScriptedLane c1(1, {5, 6, 7, 8, 9, 10, 11}), c5(2, {5, 6, 7, 8, 9, 10, 11});
+  EXPECT_EQ(RunModelRows(*cheap, c1, alone, 40, /*right=*/true).first.back(), 8);
+  EXPECT_EQ(RunModelRows(*cheap, c5, five, 40, /*right=*/true).first.back(), 8);
+
+  // A proposed token costing 40% of a round pays alone (less than the
+  // round's cost per token), not with five lanes sharing the round (there a
+  // token costs a fifth of it): only probes, two drafts each.
+  auto mid = Make({"model"});
+  mid->ObserveDraftCost(8 * 4000, 8);
+  ScriptedLane m1(3, {5, 6, 7, 8, 9, 10, 11}), m5(4, {5, 6, 7, 8, 9, 10, 11});
+  EXPECT_EQ(RunModelRows(*mid, m1, alone, 40, /*right=*/true).first.back(), 8);
+  const std::vector<int> mid_five = RunModelRows(*mid, m5, five, 200, /*right=*/true).first;
+  int probes = 0;
+  for (size_t i = 100; i < mid_five.size(); ++i) {
+    EXPECT_LE(mid_five[i], 2) << "row " << i;
+    probes += mid_five[i] > 0;
+  }
+  EXPECT_LE(probes, 100 / 8 + 1);
+
+  // As dear as two rounds: only the probes draft, two tokens each.
+  auto dear = Make({"model"});
+  dear->ObserveDraftCost(8 * 20000, 8);
+  ScriptedLane d1(5, {5, 6, 7, 8, 9, 10, 11});
+  const std::vector<int> carried = RunModelRows(*dear, d1, alone, 200, /*right=*/true).first;
+  int drafting = 0;
+  for (size_t i = 100; i < carried.size(); ++i) {
+    EXPECT_LE(carried[i], 2) << "row " << i;
+    drafting += carried[i] > 0;
+  }
+  EXPECT_LE(drafting, 100 / 8 + 1);
+}
+
+// One round through the speculator as the planner and group loop drive it:
+// BeginRound, Plan and ProposeDepth for `l`, EndRound, the workers' verify
+// (and, for a model source, an always-right proposal), and the result giving
+// `drafting_tokens` or `plain_tokens` in 1000 us. Returns the drafts carried
+// and whether the gate allowed drafting.
+struct Gated {
+  int drafts = 0;
+  int asked = 0;
+  bool allowed = false;
+};
+Gated GatedRound(Speculator& spec, ScriptedLane& l, const DraftContext& ctx, int drafting_tokens,
+                 int plain_tokens) {
+  spec.BeginRound(ctx.decoding_lanes);
+  const DraftDecision d = spec.Plan(l.lane, ctx);
+  const int depth = spec.ProposeDepth(l.lane, ctx.max_drafts);
+  const DraftRoundTag tag = spec.EndRound();
+  const int accepted = l.Verify(d.tokens);
+  if (!d.tokens.empty()) {
+    spec.OnVerified(l.lane.id, d.source, static_cast<int>(d.tokens.size()), accepted);
+  }
+  std::vector<int32_t> proposal;
+  for (int j = 0; j < depth; ++j) {
+    proposal.push_back(l.period[(l.lane.seq.size() + static_cast<size_t>(j)) % l.period.size()]);
+  }
+  if (depth > 0) spec.OnProposed(l.lane.id, static_cast<int64_t>(l.lane.seq.size()), proposal);
+  RoundObservation o;
+  o.period_us = 1000;
+  o.draft_tag = tag.tag;
+  o.tokens = d.tokens.empty() ? plain_tokens : drafting_tokens;
+  spec.ObserveRound(o);
+  return {static_cast<int>(d.tokens.size()), depth, tag.drafting_allowed};
+}
+
+TEST(SpeculatorTest, StopsDraftingAtALaneCountWhereRoundsWithDraftsGaveFewerTokens) {
+  // The cost model says always-right drafts pay with five lanes (a token is
+  // 1% of a round), but on this worker rounds with drafting give 4 tokens a
+  // millisecond and rounds without 5 (compute-bound): the measured gate
+  // stops drafting at five lanes, and only there.
+  const RoundCostModel cost = CostOf(10000, 100);
+  DraftContext five{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &cost};
+  for (const char* source : {"ngram", "model"}) {
+    SCOPED_TRACE(source);
+    auto spec = Make({source});
+    ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
+    int drafted = 0, allowed = 0, asked = 0;
+    for (int i = 0; i < 400; ++i) {
+      const Gated g = GatedRound(*spec, l, five, 4, 5);
+      drafted += g.drafts > 0;
+      allowed += g.allowed;
+      if (!g.allowed) asked += g.asked;
+    }
+    EXPECT_FALSE(spec->gate().IsOpen(5));
+    EXPECT_LT(drafted, 60);
+    EXPECT_LT(allowed, 60);
+    // The draft model is not asked for proposals while the gate is closed.
+    EXPECT_EQ(asked, 0);
+    EXPECT_DOUBLE_EQ(spec->gate().TokensPerSecond(5, DraftGate::Regime::kPlain), 5000);
+    // A lone lane drafts, once its bucket has seen plain decode.
+    DraftContext alone = five;
+    alone.decoding_lanes = 1;
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(GatedRound(*spec, l, alone, 4, 1).drafts, 0);
+    // (The draft model is asked in the first open round, drafts in the next.)
+    const int first = GatedRound(*spec, l, alone, 4, 1).drafts;
+    EXPECT_GT(std::max(first, GatedRound(*spec, l, alone, 4, 1).drafts), 0);
+  }
+  // Without adaptive depth rounds are not gated.
+  auto always = Make({"ngram"}, 8, /*adaptive=*/false);
+  always->BeginRound(5);
+  EXPECT_EQ(always->EndRound().tag, -1);
 }
 
 TEST(SpeculatorTest, WaitsForModelDraftsOfTheRowInFlight) {
