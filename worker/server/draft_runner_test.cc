@@ -74,6 +74,26 @@ void AddBlocks(v1::LaneStep* row, int first_block, int64_t end) {
   }
 }
 
+// Row `r` of a greedy lane in blocks 0..: its prompt first, then one sampled
+// token a round; `pos` is where the row starts and moves past it.
+v1::LaneStep* AddGreedyRow(v1::RoundPlan* plan, uint64_t lane, const std::vector<int32_t>& prompt,
+                           int r, int64_t* pos) {
+  v1::LaneStep* row = plan->add_rows();
+  row->set_lane_id(lane);
+  row->set_start_position(*pos);
+  row->set_sample_last(true);
+  if (r == 0) {
+    row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+    *row->mutable_sampling() = Greedy();
+    *pos += static_cast<int64_t>(prompt.size());
+  } else {
+    row->set_use_last_sampled(true);
+    *pos += 1;
+  }
+  AddBlocks(row, 0, *pos);
+  return row;
+}
+
 class DraftRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -108,20 +128,8 @@ class DraftRunnerTest : public ::testing::Test {
     for (int r = 0; r < n; ++r) {
       v1::RoundPlan plan;
       plan.set_round_id(++ref_round_);
-      v1::LaneStep* row = plan.add_rows();
-      row->set_lane_id(lane);
-      row->set_start_position(pos);
-      row->set_sample_last(true);
-      if (r == 0) {
-        row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
-        *row->mutable_sampling() = Greedy();
-        pos += static_cast<int64_t>(prompt.size());
-      } else {
-        row->set_use_last_sampled(true);
-        pos += 1;
-      }
+      v1::LaneStep* row = AddGreedyRow(&plan, lane, prompt, r, &pos);
       row->set_release_lane(r + 1 == n);
-      AddBlocks(row, 0, pos);
       absl::StatusOr<v1::RoundResult> res = ref_->Run(plan);
       EXPECT_TRUE(res.ok() && res->error().code() == 0 && res->outputs_size() == 1);
       if (!res.ok() || res->outputs_size() != 1) return out;
@@ -281,19 +289,7 @@ TEST_F(DraftRunnerTest, ALaneThatAsksForNoProposalsCostsNoPassesAndIsCaughtUpWhe
   for (int r = 0; r < 6; ++r) {
     v1::RoundPlan plan;
     plan.set_round_id(r + 1);
-    v1::LaneStep* row = plan.add_rows();
-    row->set_lane_id(9);
-    row->set_start_position(pos);
-    row->set_sample_last(true);
-    if (r == 0) {
-      row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
-      *row->mutable_sampling() = Greedy();
-      pos += static_cast<int64_t>(prompt.size());
-    } else {
-      row->set_use_last_sampled(true);
-      pos += 1;
-    }
-    AddBlocks(row, 0, pos);
+    v1::LaneStep* row = AddGreedyRow(&plan, 9, prompt, r, &pos);
     if (r == 5) row->set_propose_drafts(4);
     const v1::RoundResult res = Run(plan);
     ASSERT_EQ(res.error().code(), 0) << res.error().message();
