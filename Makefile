@@ -21,7 +21,7 @@ PROMPT ?=
 # Speculative decoding under `make serve` (the router's --spec_drafters).
 SPEC_DRAFTERS ?= ngram,suffix
 
-.PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets \
+.PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets bench-peer \
 	fuzz fuzz-smoke bench bench-context kvstore-bench soak monitor image-cpu image-cuda format clean
 
 all: build
@@ -122,6 +122,12 @@ bench-context: build
 	  $(BUILD)/tools/ringlane-synth-model --preset=glm5-small --out=$(BUILD)/models/glm5-small
 	@$(BUILD)/tools/ringlane-context-bench --model=$(BUILD)/models/glm5-small \
 	  --contexts=4096,16384,65536 --steps=3
+
+# Issue 20's side by side with llama.cpp b10573 (../shared/peers/llamacpp):
+# engine decode, batch of 5 and prefill, medians of PEER_REPEATS (3)
+# interleaved runs. Building the peer needs GIT_DIR_LLAMACPP once.
+bench-peer: build
+	@BUILD=$(BUILD) tools/peer_bench.sh $(or $(PEER_REPEATS),3)
 
 # Issue 14's time to first token: cold, device pool, kvstore DRAM, kvstore disk.
 kvstore-bench: build

@@ -28,6 +28,10 @@ namespace ringlane::router {
 class ResultSink {
  public:
   virtual ~ResultSink() = default;
+  // The round's rows that sampled, before any of their tokens reaches a
+  // client (a client that has its last token reads counters that include
+  // its rows).
+  virtual void OnSamplingRows(int64_t rows) {}
   // `count` tokens of `lane` arrived together (before OnToken for each).
   virtual void OnLaneTokens(Lane& lane, int count) {}
   // One sampled token; true when it finished the lane's choice.

@@ -42,8 +42,15 @@ double Us(Clock::time_point t) {
 // Turns sampled tokens into the client's messages.
 class GroupLoop::Sink final : public ResultSink {
  public:
-  Sink(const Tokenizer& tokenizer, Clock::time_point now, bool keep_finished)
-      : tokenizer_(tokenizer), now_(now), keep_finished_(keep_finished) {}
+  Sink(const Tokenizer& tokenizer, Clock::time_point now, bool keep_finished,
+       prometheus::Counter* sampling_rows)
+      : tokenizer_(tokenizer),
+        now_(now),
+        keep_finished_(keep_finished),
+        sampling_rows_(sampling_rows) {}
+  void OnSamplingRows(int64_t rows) override {
+    if (sampling_rows_ != nullptr) sampling_rows_->Increment(static_cast<double>(rows));
+  }
   void OnLaneTokens(Lane& lane, int count) override {
     NoteTokenTimes(*lane.req, lane.choice, count, now_);
   }
@@ -63,6 +70,7 @@ class GroupLoop::Sink final : public ResultSink {
   const Tokenizer& tokenizer_;
   const Clock::time_point now_;
   const bool keep_finished_;
+  prometheus::Counter* const sampling_rows_;
 };
 
 GroupLoop::GroupLoop(GroupLoopOptions options, GroupLoopHooks hooks, const Tokenizer* tokenizer)
@@ -357,7 +365,7 @@ std::string GroupLoop::LogLine(const PlannedRound& round, int64_t in_flight) con
 
 void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us,
                       RoundObservation* observed) {
-  Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr);
+  Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr, metrics_.sampling_rows);
   const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
   // A client may read the metrics the moment it has its last token.
   UpdateGauges();
@@ -375,7 +383,6 @@ void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, doub
   }
   cost_.Observe(a.tokens, std::max(0.0, busy_us - propose_us), a.attended);
   metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
-  metrics_.sampling_rows->Increment(static_cast<double>(a.sampling_rows));
   RecordVerify(round.round, a);
   if (observed != nullptr) {
     observed->tokens = a.sampling_rows;

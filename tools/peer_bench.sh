@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# ringlane's engine against llama.cpp on this machine (a benchmark, not a
+# test; `make bench-peer`): the same synthetic TinyLlama-1.1B shape on both
+# (ringlane FP8 with 128x128 scales, llama.cpp Q8_0), interleaved in
+# alternating order REPEATS times so drift on a shared machine hits both, and
+# one table of medians with ratios: single-stream decode at 1 and 2 threads
+# (against the read roofline ringlane-engine-bench measures in the same
+# run), a batch of 5 at 2 threads, and prefill of 512 tokens at 2 threads.
+#
+#   GIT_DIR_LLAMACPP=DIR tools/peer_bench.sh [REPEATS]     (default 3)
+#
+# Environment:
+#   GIT_DIR_LLAMACPP  a git directory holding llama.cpp tag b10573 (the search
+#                     tool's fetch of github:ngxson/llama.cpp); needed only
+#                     until the peer is built (../shared/peers/llamacpp/build.sh,
+#                     cached under ~/.cache/ringlane-peer)
+#   PEER_DIR [../shared/peers/llamacpp]  the recipe
+#   BUILD [build]     ringlane's build (ringlane-engine-bench, ringlane-synth-model)
+#   MODEL [$BUILD/models/synth-1b1-fp8]  written by ringlane-synth-model when absent
+#   OUT [$BUILD/peer-bench]  raw outputs of every run and table.md
+#
+# Not measured here (see the README): the through-HTTP rows (they need the
+# Llama-2 SentencePiece tokenizer for the router) and time to first token.
+set -euo pipefail
+repeats=${1:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$root/build}
+PEER_DIR=${PEER_DIR:-$root/../shared/peers/llamacpp}
+MODEL=${MODEL:-$BUILD/models/synth-1b1-fp8}
+OUT=${OUT:-$BUILD/peer-bench}
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/ringlane-peer
+bin=${LLAMACPP_SRC:-$cache/llamacpp}/build/bin
+gguf=${MODELS:-$cache/models}/synth-tinyllama-1.1b-q8_0.gguf
+
+if ! [[ "$repeats" =~ ^[1-9][0-9]*$ ]]; then
+  echo "peer_bench: REPEATS must be a positive integer, got '$repeats'" >&2
+  exit 2
+fi
+for t in ringlane-engine-bench ringlane-synth-model; do
+  if [ ! -x "$BUILD/tools/$t" ]; then
+    echo "peer_bench: $BUILD/tools/$t is missing (run make build)" >&2
+    exit 2
+  fi
+done
+if [ ! -x "$bin/llama-bench" ] || [ ! -f "$gguf" ]; then
+  if [ -z "${GIT_DIR_LLAMACPP:-}" ]; then
+    echo "peer_bench: llama.cpp is not built under $cache; set GIT_DIR_LLAMACPP to a git" \
+      "directory with tag b10573 (see $PEER_DIR/README.md)" >&2
+    exit 2
+  fi
+  echo "peer_bench: building llama.cpp b10573 and its model (once; minutes)" >&2
+  # Debian's python3 (the recipe needs its numpy), ahead of any other on PATH.
+  PATH=/usr/bin:$PATH GIT_DIR_LLAMACPP=$GIT_DIR_LLAMACPP bash "$PEER_DIR/build.sh" >&2
+fi
+if [ ! -f "$MODEL/config.json" ]; then
+  echo "peer_bench: writing the synthetic 1.1B FP8 model to $MODEL" >&2
+  "$BUILD/tools/ringlane-synth-model" --preset=1b1 --out="$MODEL" >&2
+fi
+
+rm -rf "$OUT"
+mkdir -p "$OUT"
+run_ringlane() {
+  echo "peer_bench: round $1/$repeats, ringlane-engine-bench" >&2
+  "$BUILD/tools/ringlane-engine-bench" --model="$MODEL" --threads=2 --batch=5 \
+    --prefill_tokens=512 --json="$OUT/ringlane-$1.json" >"$OUT/ringlane-$1.md" 2>"$OUT/ringlane-$1.err"
+}
+run_llamacpp() {
+  echo "peer_bench: round $1/$repeats, llama-bench and llama-batched-bench" >&2
+  "$bin/llama-bench" -m "$gguf" -p 512 -n 128 -t 1,2 -r 1 -o jsonl \
+    >"$OUT/llama-bench-$1.jsonl" 2>"$OUT/llama-bench-$1.err"
+  "$bin/llama-batched-bench" -m "$gguf" -c 2048 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,5 \
+    -t 2 -tb 2 --output-format jsonl >"$OUT/llama-batched-$1.jsonl" 2>"$OUT/llama-batched-$1.err"
+}
+for ((i = 1; i <= repeats; ++i)); do
+  if ((i % 2)); then
+    run_ringlane "$i"
+    run_llamacpp "$i"
+  else
+    run_llamacpp "$i"
+    run_ringlane "$i"
+  fi
+done
+
+python3 - "$OUT" "$repeats" <<'EOF' | tee "$OUT/table.md"
+import json, statistics, sys
+out, repeats = sys.argv[1], int(sys.argv[2])
+med = statistics.median
+def records(path):  # JSON lines; the tools also print blank ones
+    return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+rl = {"d1": [], "d2": [], "roof1": [], "roof2": [], "b5": [], "pp": []}
+lc = {"d1": [], "d2": [], "b5": [], "pp": []}
+for i in range(1, repeats + 1):
+    j = json.load(open(f"{out}/ringlane-{i}.json"))
+    rows = {r["threads"]: r for r in j["rows"]}
+    rl["d1"].append(rows[1]["decode_tps"]); rl["roof1"].append(rows[1]["roofline_tps"])
+    rl["d2"].append(rows[2]["decode_tps"]); rl["roof2"].append(rows[2]["roofline_tps"])
+    rl["b5"].append(j["batched_decode_tps"])
+    rl["pp"].append(j["prefill_tokens"] / j["prefill_seconds"])
+    for r in records(f"{out}/llama-bench-{i}.jsonl"):
+        if r["n_gen"] > 0 and r["n_prompt"] == 0:
+            lc["d1" if r["n_threads"] == 1 else "d2"].append(r["avg_ts"])
+        elif r["n_prompt"] == 512 and r["n_gen"] == 0 and r["n_threads"] == 2:
+            lc["pp"].append(r["avg_ts"])
+    for r in records(f"{out}/llama-batched-{i}.jsonl"):
+        if r["pl"] == 5:
+            lc["b5"].append(r["speed_tg"])
+print(f"ringlane vs llama.cpp b10573 (Q8_0), synthetic TinyLlama-1.1B shape, medians of {repeats} "
+      "interleaved run(s); ratio = ringlane / llama.cpp\n")
+print("| | ringlane | llama.cpp | ratio | ringlane of its read roofline |")
+print("|---|--:|--:|--:|--:|")
+def row(name, key, roof=None):
+    a, b = med(rl[key]), med(lc[key])
+    r = f"{100 * a / med(rl[roof]):.0f}%" if roof else "-"
+    print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {r} |")
+row("decode, 1 thread (tok/s; llama.cpp tg128)", "d1", "roof1")
+row("decode, 2 threads (tok/s)", "d2", "roof2")
+row("batch of 5, 2 threads (aggregate tok/s; llama-batched-bench)", "b5")
+row("prefill of 512 tokens, 2 threads (tok/s; pp512)", "pp")
+print(f"\nread roofline (ringlane-engine-bench, same runs): {med(rl['roof1']):.1f} tok/s at 1 thread, "
+      f"{med(rl['roof2']):.1f} at 2. Raw outputs: {out}/")
+EOF
