@@ -93,6 +93,10 @@ ABSL_FLAG(int, spec_max_drafts, 8, "most draft tokens per decode step (1..64)");
 ABSL_FLAG(bool, spec_adaptive, true,
           "choose each step's draft depth from measured acceptance and round cost (false: "
           "always draft as deep as the source proposes; for tests)");
+ABSL_FLAG(bool, spec_gate, true,
+          "with --spec_adaptive: measure, per number of decoding lanes, whether rounds with "
+          "drafts give more tokens per second than rounds without, and stop drafting where "
+          "they do not (false: the round-cost model alone decides)");
 ABSL_FLAG(int64_t, spec_suffix_cache_tokens, 65536,
           "tokens of recent outputs the global suffix cache keeps (0 = no global cache)");
 ABSL_FLAG(std::string, round_log, "",
@@ -338,6 +342,7 @@ int main(int argc, char** argv) {
   }
   o.speculation.max_drafts = absl::GetFlag(FLAGS_spec_max_drafts);
   o.speculation.adaptive = absl::GetFlag(FLAGS_spec_adaptive);
+  o.speculation.gate = absl::GetFlag(FLAGS_spec_gate);
   o.speculation.source_options.suffix_cache_tokens = absl::GetFlag(FLAGS_spec_suffix_cache_tokens);
   if (o.speculation.source_options.suffix_cache_tokens < 0) {
     rs::ExitWithUsageError("--spec_suffix_cache_tokens must be >= 0");

@@ -106,14 +106,14 @@ void Speculator::ObserveDraftCost(double propose_us, int64_t tokens) {
 
 void Speculator::BeginRound(int64_t decoding_lanes) {
   round_lanes_ = decoding_lanes;
-  round_open_ = !o_.adaptive || gate_.IsOpen(decoding_lanes);
+  round_open_ = !o_.adaptive || !o_.gate || gate_.IsOpen(decoding_lanes);
   round_wanted_ = false;
 }
 
 DraftRoundTag Speculator::EndRound() {
   DraftRoundTag t;
   t.drafting_allowed = round_open_;
-  if (!o_.adaptive) return t;
+  if (!o_.adaptive || !o_.gate) return t;
   auto regime = DraftGate::Regime::kPlain;
   for (const auto& [id, ls] : lanes_) {
     if (ls.in_draft) {

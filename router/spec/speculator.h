@@ -68,6 +68,9 @@ struct SpeculatorOptions {
   // max_drafts), waiting for its row in flight; for tests that must see
   // drafts on every row.
   bool adaptive = true;
+  // With adaptive depth: whether the measured gate (draft_gate.h) may stop
+  // drafting at a lane count where it does not pay.
+  bool gate = true;
   DraftSourceOptions source_options;
 };
 

@@ -434,6 +434,18 @@ TEST(SpeculatorTest, StopsDraftingAtALaneCountWhereRoundsWithDraftsGaveFewerToke
     const int first = GatedRound(*spec, l, alone, 4, 1).drafts;
     EXPECT_GT(std::max(first, GatedRound(*spec, l, alone, 4, 1).drafts), 0);
   }
+  // --spec_gate=false: the round-cost model alone decides, and drafts.
+  SpeculatorOptions ungated;
+  ungated.sources = {"ngram"};
+  ungated.gate = false;
+  ungated.source_options = SourceOptions();
+  auto model_only = Speculator::Create(ungated, nullptr);
+  ASSERT_TRUE(model_only.ok());
+  ScriptedLane u(2, {5, 6, 7, 8, 9, 10, 11});
+  int ungated_drafts = 0;
+  for (int i = 0; i < 400; ++i)
+    ungated_drafts += GatedRound(**model_only, u, five, 4, 5).drafts > 0;
+  EXPECT_GT(ungated_drafts, 300);
   // Without adaptive depth rounds are not gated.
   auto always = Make({"ngram"}, 8, /*adaptive=*/false);
   always->BeginRound(5);
