@@ -19,8 +19,14 @@
 #   MODEL [$BUILD/models/synth-1b1-fp8]  written by ringlane-synth-model when absent
 #   OUT [$BUILD/peer-bench]  raw outputs of every run and table.md
 #
-# Not measured here (see the README): the through-HTTP rows (they need the
-# Llama-2 SentencePiece tokenizer for the router) and time to first token.
+#   TOKENIZER         the Llama-2 SentencePiece tokenizer.model (the 32000-token
+#                     vocabulary of both models; github:karpathy/llama2.c has
+#                     one): when set, also through HTTP, one stream and five
+#                     concurrent (tools/bench/1b1/decode.json by ringlane-bench),
+#                     ringlane's router over one worker of 2 threads against
+#                     llama-server -np 5 -t 2, interleaved the same way
+#
+# Not measured here: time to first token and resends.
 set -euo pipefail
 repeats=${1:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,8 +63,56 @@ if [ ! -f "$MODEL/config.json" ]; then
   "$BUILD/tools/ringlane-synth-model" --preset=1b1 --out="$MODEL" >&2
 fi
 
+if [ -n "${TOKENIZER:-}" ] && [ ! -f "$TOKENIZER" ]; then
+  echo "peer_bench: TOKENIZER=$TOKENIZER is not a file" >&2
+  exit 2
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
+# shellcheck source=tools/lib/cluster.sh
+source "$root/tools/lib/cluster.sh"
+llama_pid=
+cleanup() {
+  stop_cluster
+  if [ -n "$llama_pid" ]; then kill -TERM "$llama_pid" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+workload=$root/tools/bench/1b1/decode.json
+http_ringlane() {
+  echo "peer_bench: round $1/$repeats, through HTTP: ringlane" >&2
+  THREADS=2 start_single "$BUILD" "$OUT/http-ringlane-$1"
+  for _ in $(seq 1 600); do  # the model is listed once the worker group is ready
+    curl -sf "http://$http/v1/models" 2>/dev/null | grep -q '"id"' && break
+    sleep 0.2
+  done
+  "$BUILD/tools/ringlane-bench" --base_url="http://$http/v1" --workload="$workload" \
+    --out="$OUT/http-ringlane-$1" --progress=false >/dev/null 2>"$OUT/http-ringlane-$1/bench.err"
+  stop_cluster
+}
+http_llamacpp() {
+  echo "peer_bench: round $1/$repeats, through HTTP: llama-server" >&2
+  local port dir=$OUT/http-llamacpp-$1
+  mkdir -p "$dir"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$bin/llama-server" -m "$gguf" -np 5 -c 10240 --host 127.0.0.1 --port "$port" -t 2 -tb 2 \
+    --no-webui >"$dir/server.log" 2>&1 &
+  llama_pid=$!
+  for _ in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  # Random weights emit byte-fallback tokens (3..258) the server cannot
+  # return as UTF-8: banned, as the recipe says.
+  local extra
+  extra=$(python3 -c 'import json; print(json.dumps({"ignore_eos": True,
+    "logit_bias": [[t, False] for t in range(3, 259)]}))')
+  "$BUILD/tools/ringlane-bench" --base_url="http://127.0.0.1:$port/v1" --workload="$workload" \
+    --server=generic --extra_body="$extra" --out="$dir" --progress=false >/dev/null \
+    2>"$dir/bench.err"
+  kill -TERM "$llama_pid" 2>/dev/null || true
+  wait "$llama_pid" 2>/dev/null || true
+  llama_pid=
+}
 run_ringlane() {
   echo "peer_bench: round $1/$repeats, ringlane-engine-bench" >&2
   "$BUILD/tools/ringlane-engine-bench" --model="$MODEL" --threads=2 --batch=5 \
@@ -78,6 +132,15 @@ for ((i = 1; i <= repeats; ++i)); do
   else
     run_llamacpp "$i"
     run_ringlane "$i"
+  fi
+  if [ -n "${TOKENIZER:-}" ]; then
+    if ((i % 2)); then
+      http_ringlane "$i"
+      http_llamacpp "$i"
+    else
+      http_llamacpp "$i"
+      http_ringlane "$i"
+    fi
   fi
 done
 
@@ -116,6 +179,28 @@ row("decode, 1 thread (tok/s; llama.cpp tg128)", "d1", "roof1")
 row("decode, 2 threads (tok/s)", "d2", "roof2")
 row("batch of 5, 2 threads (aggregate tok/s; llama-batched-bench)", "b5")
 row("prefill of 512 tokens, 2 threads (tok/s; pp512)", "pp")
+def http(side, i, conc):
+    path = f"{out}/http-{side}-{i}/samples.json"
+    try:
+        j = json.load(open(path))
+    except OSError:
+        return None
+    for l in j["levels"]:
+        if l["concurrency"] == conc:
+            got = [s for s in j["samples"] if s["stage"] == l["stage"] and s["concurrency"] == conc
+                   and s.get("phase", "") != "warmup"]
+            errors = sum(1 for s in got if s["error"])
+            if errors:
+                print(f"(http-{side}-{i}: {errors} failed request(s) at concurrency {conc})")
+            return sum(s["usage_completion_tokens"] for s in got) / l["wall_s"]
+    return None
+for conc, name in ((1, "through HTTP, one stream (tok/s)"),
+                   (5, "through HTTP, 5 concurrent (aggregate tok/s)")):
+    a = [x for x in (http("ringlane", i, conc) for i in range(1, repeats + 1)) if x]
+    b = [x for x in (http("llamacpp", i, conc) for i in range(1, repeats + 1)) if x]
+    if a and b:
+        extra = f"{100 * med(a) / med(rl['d2']):.0f}% of the engine" if conc == 1 else "-"
+        print(f"| {name} | {med(a):.1f} | {med(b):.1f} | {med(a) / med(b):.2f}x | {extra} |")
 print(f"\nread roofline (ringlane-engine-bench, same runs): {med(rl['roof1']):.1f} tok/s at 1 thread, "
       f"{med(rl['roof2']):.1f} at 2. Raw outputs: {out}/")
 EOF
