@@ -18,6 +18,9 @@ THREADS ?= 2
 WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
+# Ranks of the served group: 2 (TP2), or 1 for a model that does not split
+# (glm5_next's linear-attention layers).
+WORLD ?= 2
 # Speculative decoding under `make serve` (the router's --spec_drafters).
 SPEC_DRAFTERS ?= ngram,suffix
 
@@ -45,7 +48,7 @@ test: build fuzz-targets
 # gRPC client runs in the foreground (type a prompt, get streamed text).
 serve: build
 	@BUILD=$(BUILD) MODEL=$(MODEL) TOKENIZER=$(TOKENIZER) THREADS=$(WORKER_THREADS) \
-	  SPEC_DRAFTERS=$(SPEC_DRAFTERS) \
+	  SPEC_DRAFTERS=$(SPEC_DRAFTERS) WORLD=$(WORLD) \
 	  deploy/local/serve.sh "$(PROMPT)"
 
 # Debian's Prometheus with deploy/prometheus/ (scrape config and alert rules)

@@ -143,6 +143,8 @@ struct DeepseekCase {
   // while they prefill and decode, with this indexer sharing.
   int dense_window = 0;
   std::string indexer_types;
+  // glm5_next: the KDA gate's lower bound (0: the softplus gate).
+  float linear_lower_bound = 0.0f;
 };
 
 class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
@@ -161,7 +163,9 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
   }
   o->index_topk = 6;
   o->indexer_types = c.indexer_types;
-  auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv}, {.threads = 2},
+  o->linear_lower_bound = c.linear_lower_bound;
+  // State slots for glm5_next's recurrent layers; other models have none.
+  auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv, 8}, {.threads = 2},
                                                [&](worker::ModelConfig& config) {
                                                  if (c.dense_window > 0)
                                                    config.indexer.dense_window = c.dense_window;
@@ -186,7 +190,14 @@ INSTANTIATE_TEST_SUITE_P(
         DeepseekCase{"glm_moe_dsa_sparse_shared", "glm5-tiny", worker::DType::kBF16,
                      worker::DType::kBF16, 12, "FSF"},
         DeepseekCase{"glm_moe_dsa_sparse_fp8_kv", "glm5-tiny", worker::DType::kBF16,
-                     worker::DType::kFP8E4M3, 20}),
+                     worker::DType::kFP8E4M3, 20},
+        // GLM-5.3-Flash's hybrid: three KDA layers (a recurrent state per
+        // lane, chunk by chunk and token by token) and a NoPE MLA layer
+        // with the indexer past its window; both gates.
+        DeepseekCase{"glm5_next_bf16", "glm5-next-tiny", worker::DType::kBF16, worker::DType::kBF16,
+                     12},
+        DeepseekCase{"glm5_next_lower_bound_fp8_kv", "glm5-next-tiny", worker::DType::kBF16,
+                     worker::DType::kFP8E4M3, 0, "", -5.0f}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

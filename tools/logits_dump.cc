@@ -66,7 +66,7 @@ absl::Status PrintMtpDraft(std::shared_ptr<const rw::ModelWeights> model,
   if (!draft.ok()) return draft.status();
   const int bs = 16;
   const int blocks = (static_cast<int>(tokens.size()) + bs) / bs + 1;
-  const rw::KvPoolSpec pool{blocks, bs, kv};
+  const rw::KvPoolSpec pool{blocks, bs, kv, 1};
   if (absl::Status s = (*target)->AllocateKvPool(pool); !s.ok()) return s;
   auto runner = rw::DraftRunner::Create(std::move(*draft), pool, model->config.vocab,
                                         model->config.max_position);
@@ -148,11 +148,13 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return die(backend.status());
   const int bs = 16;
   const int blocks = (static_cast<int>(tokens.size()) + bs - 1) / bs;
-  if (absl::Status s = (*backend)->AllocateKvPool({blocks, bs, *kv}); !s.ok()) return die(s);
+  // One state slot: the one sequence's, for models with recurrent layers.
+  if (absl::Status s = (*backend)->AllocateKvPool({blocks, bs, *kv, 1}); !s.ok()) return die(s);
 
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
   std::vector<float> hidden;  // [tokens][hidden], final-normed, for --mtp_out
   rw::SeqStep seq;
+  seq.state_slot = 0;
   for (int b = 0; b < blocks; ++b) seq.block_ids.push_back(b);
   for (size_t p = 0; p < tokens.size(); p += chunk) {
     const size_t n = std::min(tokens.size() - p, static_cast<size_t>(chunk));

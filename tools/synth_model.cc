@@ -51,6 +51,15 @@ ABSL_FLAG(int, mtp_layers, 0,
           "DeepSeek family: 1 adds a multi-token-prediction layer at index --layers "
           "(num_nextn_predict_layers); 0 = none");
 
+ABSL_FLAG(std::string, layer_types, "",
+          "glm5_next: one L (linear attention, KDA) or F (MLA) per layer; empty = the preset's");
+ABSL_FLAG(int, linear_heads, -1, "glm5_next: KDA heads; -1 = the preset's");
+ABSL_FLAG(int, linear_head_dim, -1, "glm5_next: KDA head size; -1 = the preset's");
+ABSL_FLAG(int, linear_conv_kernel, -1, "glm5_next: KDA convolution taps; -1 = the preset's");
+ABSL_FLAG(double, linear_lower_bound, 0.0,
+          "glm5_next: < 0 writes linear_lower_bound (the bounded sigmoid gate); 0 = the softplus "
+          "gate");
+
 namespace {
 
 namespace rw = ringlane::worker;
@@ -119,6 +128,12 @@ int main(int argc, char** argv) {
   o.yarn_factor = static_cast<float>(absl::GetFlag(FLAGS_yarn_factor));
   take_int(FLAGS_index_topk, "index_topk", &o.index_topk);
   o.indexer_types = absl::GetFlag(FLAGS_indexer_types);
+  if (!absl::GetFlag(FLAGS_layer_types).empty()) o.layer_types = absl::GetFlag(FLAGS_layer_types);
+  take_int(FLAGS_linear_heads, "linear_heads", &o.linear_heads);
+  take_int(FLAGS_linear_head_dim, "linear_head_dim", &o.linear_head_dim);
+  take_int(FLAGS_linear_conv_kernel, "linear_conv_kernel", &o.linear_conv_kernel);
+  o.linear_lower_bound = static_cast<float>(absl::GetFlag(FLAGS_linear_lower_bound));
+  if (!(o.linear_lower_bound <= 0.0f)) ExitWithUsageError("--linear_lower_bound must be <= 0");
   o.mtp_layers = absl::GetFlag(FLAGS_mtp_layers);
   o.silent_from = absl::GetFlag(FLAGS_silent_from);
   if (o.silent_from < 0) ExitWithUsageError("--silent_from must be >= 0");

@@ -43,6 +43,9 @@ struct KvPoolSpec {
   int num_blocks = 0;
   int block_size = 16;  // tokens per block
   DType dtype = DType::kF32;
+  // Models with recurrent layers: sequences that can hold a state at once
+  // (SeqStep::state_slot), each a float32 slot of every such layer's state.
+  int state_slots = 0;
 };
 
 class KvCache {

@@ -80,6 +80,9 @@ ABSL_FLAG(std::string, tcp_wait, "blocking",
 ABSL_FLAG(int, metrics_port, -1,
           "Prometheus /metrics port on the --listen host; 0 picks one, "
           "-1 = off");
+ABSL_FLAG(int, state_slots, 16,
+          "models with recurrent (linear-attention) layers: lanes that can hold a state at once "
+          "(each a float32 copy of every such layer's state; the router admits no more)");
 ABSL_FLAG(int, kv_blocks, 0,
           "KV pool size in blocks; 0 = enough for 4 sequences of the "
           "model's full context");
@@ -254,6 +257,9 @@ int main(int argc, char** argv) {
   const bool expert_parallel = absl::GetFlag(FLAGS_expert_parallel);
   const int dense_window = absl::GetFlag(FLAGS_dsa_dense_window);
   if (dense_window < 1) ExitWithUsageError("--dsa_dense_window must be positive");
+  if (absl::GetFlag(FLAGS_state_slots) < 1 || absl::GetFlag(FLAGS_state_slots) > 4096) {
+    ExitWithUsageError("--state_slots must be in [1, 4096]");
+  }
   int kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   if (kv_blocks < 0) ExitWithUsageError("--kv_blocks must be >= 0");
   auto kv_dtype = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_kv_dtype));
@@ -352,7 +358,7 @@ int main(int argc, char** argv) {
   // them on each rank under context parallel.
   const int block_tokens = block_size * (dcp ? world : 1);
   if (kv_blocks == 0) kv_blocks = 4 * ((context + block_tokens - 1) / block_tokens);
-  const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype};
+  const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype, absl::GetFlag(FLAGS_state_slots)};
   rw::KvPoolSpec info_pool = pool;
   info_pool.block_size = block_tokens;
   absl::StatusOr<int64_t> block_bytes_or = rw::KvBlockBytes(backend, cfg, shard->shard, pool);
@@ -376,6 +382,19 @@ int main(int argc, char** argv) {
       dcp ? absl::StrCat("latent, 1 position in ", world, ": decode context parallel")
           : std::string(rw::IsMla(cfg) ? "latent" : "K/V"),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  int64_t state_bytes_per_slot = 0;
+  for (const rw::LayerCacheSpec& c : *layer_caches) {
+    if (c.kind == rw::CacheKind::kRecurrentState) {
+      state_bytes_per_slot += c.state_floats * static_cast<int64_t>(sizeof(float));
+    }
+  }
+  if (state_bytes_per_slot > 0) {
+    RL_LOG(INFO) << absl::StrFormat(
+        "recurrent state: %d slots x %.2f MiB (every linear-attention layer's state of a lane), "
+        "%.1f MiB; the router admits at most %d lanes",
+        pool.state_slots, static_cast<double>(state_bytes_per_slot) / (1 << 20),
+        static_cast<double>(state_bytes_per_slot) * pool.state_slots / (1 << 20), pool.state_slots);
+  }
 
   // The draft model runs on rank 0 only, whole; the others need not load it.
   if (!draft_path.empty() && rank == 0) {
@@ -412,6 +431,9 @@ int main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   rw::WorkerMetrics metrics(*registry, model_id, group_name, rank);
   metrics.kv_pool_blocks->Set(kv_blocks);
+  metrics.state_slots->Set(state_bytes_per_slot > 0 ? pool.state_slots : 0);
+  metrics.state_bytes->Set(static_cast<double>(state_bytes_per_slot) *
+                           (state_bytes_per_slot > 0 ? pool.state_slots : 0));
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics_port >= 0) {
     try {

@@ -26,6 +26,11 @@ struct SeqStep {
   // MTP drafters only (ModelConfig::mtp_drafter): per token, the hidden state
   // it is drafted from ([tokens.size()][hidden]).
   std::vector<float> hidden_in;
+  // Models with recurrent layers (LayerCacheSpec kRecurrentState): the state
+  // slot that holds this sequence's state after position start_position - 1
+  // (reset when start_position is 0), and holds it after the last token once
+  // the round has run. No two sequences of a round share a slot. -1: none.
+  int32_t state_slot = -1;
 };
 
 // Copy KV block `src` onto `dst` (every layer, every slot) before the

@@ -14,13 +14,18 @@
 #
 #   deploy/local/serve.sh [PROMPT]
 #   (BUILD, MODEL, TOKENIZER, THREADS, ROUTER_LISTEN, HTTP_LISTEN, KVSTORE_LISTEN, KVSTORE_DIR,
-#    LOGS, CERTS, TLS from the env)
+#    LOGS, CERTS, TLS, WORLD (2, or 1 for one rank) from the env)
 set -euo pipefail
 
 BUILD=${BUILD:-build}
 MODEL=${MODEL:-deploy/models/stories260K/stories260K.bin}
 TOKENIZER=${TOKENIZER:-deploy/models/stories260K/tok512.bin}
 THREADS=${THREADS:-1}  # per rank
+WORLD=${WORLD:-2}
+if [ "$WORLD" != 1 ] && [ "$WORLD" != 2 ]; then
+  echo "serve: WORLD must be 1 or 2, got $WORLD" >&2
+  exit 2
+fi
 ROUTER_LISTEN=${ROUTER_LISTEN:-127.0.0.1:50051}
 HTTP_LISTEN=${HTTP_LISTEN:-127.0.0.1:8080}
 PROMPT=${1:-}
@@ -78,25 +83,32 @@ pids+=($!)
 kvstore=$(listening "$LOGS/kvstore.out" "${pids[0]}" kvstore)
 
 # Ranks listen on their default ports (50061 + rank); PORT0/PORT1=0 picks free ones.
-common=(--model="$MODEL" --world_size=2 --threads="$THREADS" --group=local --metrics_port=0
-  --kvstore="$kvstore" "${tls[@]}")
+common=(--model="$MODEL" --world_size="$WORLD" --threads="$THREADS" --group=local
+  --metrics_port=0 --kvstore="$kvstore" "${tls[@]}")
 "$WORKER" "${common[@]}" --rank=0 --listen="127.0.0.1:${PORT0:-50061}" \
   >"$LOGS/rank0.out" 2>"$LOGS/rank0.log" &
 pids+=($!)
 rank0=$(listening "$LOGS/rank0.out" "${pids[1]}" worker)
-"$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" --listen="127.0.0.1:${PORT1:-50062}" \
-  >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
-pids+=($!)
-rank1=$(listening "$LOGS/rank1.out" "${pids[2]}" worker)
-"$ROUTER" --workers="$rank0,$rank1" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
+workers=$rank0
+group="TP1 group: rank 0 $rank0"
+if [ "$WORLD" = 2 ]; then
+  "$WORKER" "${common[@]}" --rank=1 --rendezvous="$rank0" --listen="127.0.0.1:${PORT1:-50062}" \
+    >"$LOGS/rank1.out" 2>"$LOGS/rank1.log" &
+  pids+=($!)
+  rank1=$(listening "$LOGS/rank1.out" "${pids[2]}" worker)
+  workers="$rank0,$rank1"
+  group="TP2 group: rank 0 $rank0, rank 1 $rank1"
+fi
+"$ROUTER" --workers="$workers" --tokenizer="$TOKENIZER" --listen="$ROUTER_LISTEN" \
   --http_listen="$HTTP_LISTEN" --spec_drafters="$SPEC_DRAFTERS" "${tls[@]}" \
   >"$LOGS/router.out" 2>"$LOGS/router.log" &
 pids+=($!)
-router=$(listening "$LOGS/router.out" "${pids[3]}" router)
-http=$(listening "$LOGS/router.out" "${pids[3]}" http)
+router_pid=${pids[${#pids[@]} - 1]}
+router=$(listening "$LOGS/router.out" "$router_pid" router)
+http=$(listening "$LOGS/router.out" "$router_pid" http)
 # The workers' model id: a directory's name (a llama2.c file's directory's).
 if [ -d "$MODEL" ]; then model=$(basename "$MODEL"); else model=$(basename "$(dirname "$MODEL")"); fi
-echo "serve: gRPC Generate API at $router (TP2 group: rank 0 $rank0, rank 1 $rank1$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
+echo "serve: gRPC Generate API at $router ($group$([ "$TLS" != off ] && echo ", mutual TLS with $CERTS")); logs in $LOGS/" >&2
 echo "serve: kvstore at $kvstore (blocks in $KVSTORE_DIR; offload and restore on)" >&2
 echo "serve: speculative decoding: $SPEC_DRAFTERS (SPEC_DRAFTERS=none turns it off)" >&2
 echo "serve: OpenAI API base URL (metrics at http://$http/metrics):" >&2
@@ -114,4 +126,4 @@ elif [ -t 0 ]; then
   "$CLIENT" --router="$router" || true
 fi
 echo "serve: serving at $router until Ctrl-C" >&2
-wait "${pids[3]}"
+wait "$router_pid"

@@ -114,6 +114,7 @@ KvBlockManager::KvBlockManager(Options options)
       hash_bits_(options.hash_bits_for_testing),
       max_recorded_registrations_(options.max_recorded_registrations),
       reuse_partial_(options.reuse_partial_blocks),
+      reuse_prefixes_(options.reuse_prefixes),
       root_(Truncate(ChainRoot(identity_), hash_bits_)),
       blocks_(num_blocks_) {
   Reset();
@@ -134,6 +135,7 @@ bool KvBlockManager::LinkValid(const Link& link) const {
 KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens,
                                                  bool partial) const {
   PrefixMatch match;
+  if (!reuse_prefixes_) return match;
   // The last token is always recomputed: its logits give the first sample.
   const int64_t max_tokens = tokens.empty() ? 0 : static_cast<int64_t>(tokens.size()) - 1;
   const size_t bs = static_cast<size_t>(block_size_);

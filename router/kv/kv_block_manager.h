@@ -142,6 +142,10 @@ class KvBlockManager {
     // Token-granular prefix hits through copy-on-write of a partly reused
     // block (see above); off: only whole blocks are reused.
     bool reuse_partial_blocks = false;
+    // Off: no prefix is ever a hit (every lane computes from position 0).
+    // For models with recurrent layers, whose state can resume only at a
+    // checkpoint of it, which the workers do not keep yet.
+    bool reuse_prefixes = true;
   };
 
   // InvalidArgument for a non-positive num_blocks, block size or TP size, an
@@ -353,6 +357,7 @@ class KvBlockManager {
   const int hash_bits_;
   const size_t max_recorded_registrations_;
   const bool reuse_partial_;
+  const bool reuse_prefixes_;
   const BlockHash root_;
 
   std::vector<Block> blocks_;

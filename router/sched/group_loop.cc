@@ -167,8 +167,13 @@ bool GroupLoop::Connect() {
   o.identity.kv_dtype = DTypeName(info.kv_dtype());
   o.identity.block_size_tokens = info.block_size_tokens();
   o.identity.tp_world_size = info.tp_world_size();
-  const bool tiered = !info.kvstore_address().empty() &&
+  // A model with recurrent layers resumes only where a lane's own state
+  // stands: no prefix hits, no kvstore, no drafts (rejected ones would
+  // advance the state), and no more lanes than the workers have state slots.
+  const bool recurrent = info.state_slots() > 0;
+  const bool tiered = !recurrent && !info.kvstore_address().empty() &&
                       (options_.kv_tiering.offload || options_.kv_tiering.restore);
+  o.reuse_prefixes = !recurrent;
   if (tiered) o.max_recorded_registrations = options_.kv_tiering.max_pending_offloads;
   o.reuse_partial_blocks = options_.partial_block_reuse && info.kv_block_copies();
   auto kv = KvBlockManager::Create(o);
@@ -191,6 +196,16 @@ bool GroupLoop::Connect() {
   absl::MutexLock l(&mu_);
   if (metrics_.rounds == nullptr) metrics_ = *metrics;
   kv_ = std::move(*kv);
+  planner_ = options_.planner;
+  if (recurrent) {
+    planner_.max_lanes = std::min(planner_.max_lanes, info.state_slots());
+    planner_.max_drafts = 0;
+    RL_LOG(INFO) << "worker group " << options_.index << ": recurrent layers, "
+                 << info.state_slots() << " state slots of " << info.state_bytes_per_slot()
+                 << " bytes; at most " << planner_.max_lanes
+                 << " lanes, no prefix reuse, kvstore or speculative decoding (they need state "
+                    "checkpoints)";
+  }
   epoch_ = info.group_epoch();
   ready_ = true;
   metrics_.group_ready->Set(1);
@@ -250,7 +265,7 @@ void GroupLoop::Loop() {
         if (stop_) break;
         if (!idle) {
           tiering_.Poll(s_, *kv_, s_.round_id, last_applied_round_);
-          PlanRound(s_, *kv_, cost_, options_.planner, hooks_.drafter, &round.round);
+          PlanRound(s_, *kv_, cost_, planner_, hooks_.drafter, &round.round);
           tiering_.AddOffloads(*kv_, &round.round.plan);
           RecordPlan(round.round);
           if (hooks_.round_log && round.round.plan.rows_size() > 0) {

@@ -174,6 +174,8 @@ class GroupLoop {
   std::unique_ptr<KvBlockManager> kv_ ABSL_GUARDED_BY(mu_);
   SchedState s_ ABSL_GUARDED_BY(mu_);
   RoundCostModel cost_ ABSL_GUARDED_BY(mu_);
+  // options_.planner as the connected workers allow it (set by Connect).
+  PlannerOptions planner_ ABSL_GUARDED_BY(mu_);
   int64_t prefilled_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_applied_round_ ABSL_GUARDED_BY(mu_) = 0;
   // Series of this group; set at the first connection (the model id comes

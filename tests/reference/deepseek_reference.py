@@ -16,6 +16,8 @@ every position are written as raw little-endian float64, shape [T][vocab_size].
 --mtp_out also writes the MTP layer's teacher-forced logits, shape [T-1][vocab_size] (row j
 predicts token j+2). --mtp_draft K treats --tokens as a prefix and --mtp_next as the main
 model's next token, and prints {"drafts": [K greedy MTP drafts]} as JSON.
+A glm5_next checkpoint (KDA + MLA hybrid) is handed to glm5_next_reference.py with the same
+arguments, which also takes --kda_chunk C.
 """
 
 import argparse
@@ -642,8 +644,9 @@ def load(model_dir):
     return config, Checkpoint(model_dir, config.weight_block_size)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description=__doc__):
+    """The command line shared by this script and glm5_next_reference.py (which adds --kda_chunk)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="Hugging Face model directory")
     parser.add_argument("--tokens", required=True, help="comma-separated token ids")
     parser.add_argument("--out", required=True, help="output: float64 little-endian logits [T][vocab]")
@@ -665,9 +668,42 @@ def main(argv=None):
     )
     parser.add_argument("--mtp_next", type=int, metavar="S", help="with --mtp_draft: the main model's next token")
     parser.add_argument("--mtp_draft_out", help="with --mtp_draft: also write the JSON to this file")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _model_type(argv):
+    """config.json's model_type for --model in argv, or None when it cannot be read here (the
+    normal parser then reports what is wrong)."""
+    model = None
+    for i, arg in enumerate(argv):
+        if arg == "--model" and i + 1 < len(argv):
+            model = argv[i + 1]
+        elif arg.startswith("--model="):
+            model = arg[len("--model=") :]
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            return json.load(f).get("model_type")
+    except (TypeError, OSError, ValueError, AttributeError):
+        return None
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _model_type(argv) == "glm5_next":
+        # The KDA/MLA hybrid lives in its own module, which builds on this one and takes the
+        # same options plus --kda_chunk.
+        sys.dont_write_bytecode = True
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import glm5_next_reference
+
+        return glm5_next_reference.main(argv)
+    args = build_parser().parse_args(argv)
     config, checkpoint = load(args.model)
+    return run_cli(args, config, checkpoint, Reference(config, checkpoint, args.dense_window))
+
+
+def run_cli(args, config, checkpoint, reference):
+    """Runs the parsed command line on a loaded model and its Reference; writes the outputs."""
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     if not tokens or any(t < 0 or t >= config.vocab_size for t in tokens):
         raise SystemExit(f"--tokens must be ids in [0, {config.vocab_size})")
@@ -678,7 +714,6 @@ def main(argv=None):
             raise SystemExit(f"--mtp_draft needs --mtp_next, a token id in [0, {config.vocab_size})")
     elif args.mtp_next is not None or args.mtp_draft_out:
         raise SystemExit("--mtp_next and --mtp_draft_out go with --mtp_draft")
-    reference = Reference(config, checkpoint, args.dense_window)
     with torch.no_grad():
         logits, selections = reference.forward(tokens)
         mtp_selection = None

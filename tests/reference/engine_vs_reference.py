@@ -62,6 +62,19 @@ CASES = {
     # Two thousand tokens, sparse beyond 1024 with the indexer picking 64.
     "glm_moe_dsa_sparse_2k": (["--preset=glm5-tiny", "--index_topk=64", "--seed=19"], 2000,
                               256, 1024),
+    # GLM-5.3-Flash's hybrid (glm5_next): three Kimi Delta Attention layers
+    # (the recurrent state carried across prefill chunks) and a NoPE MLA
+    # layer, BF16.
+    "glm5_next_bf16": (["--preset=glm5-next-tiny", "--seed=37"], 300, 64),
+    # One token a round, past the MLA layer's window: the state carried
+    # over a decode step at a time.
+    "glm5_next_decode_steps": (["--preset=glm5-next-tiny", "--seed=41"], 120, 1, 48),
+    # The bounded sigmoid gate, FP8 block-scaled projections past their
+    # 128-wide blocks, KDA heads of 32 with two convolution taps.
+    "glm5_next_lower_bound_fp8": (["--preset=glm5-next-tiny", "--dtype=fp8", "--hidden=160",
+                                   "--linear_lower_bound=-5", "--linear_head_dim=32",
+                                   "--linear_conv_kernel=2", "--layer_types=LFLL",
+                                   "--seed=43"], 200, 48),
 }
 
 
@@ -78,6 +91,9 @@ MTP_CASES = {
     # DeepSeek-V3, FP8 block-scaled (eh_proj and shared_head.head too), MoE MTP layer.
     "mtp_deepseek_v3_fp8": (["--preset=deepseek-tiny", "--mtp_layers=1", "--dtype=fp8",
                              "--hidden=160", "--seed=31"], 90, 16, [1, 16], 5),
+    # glm5_next: the MTP layer is MLA, fed the hybrid's hidden states.
+    "mtp_glm5_next": (["--preset=glm5-next-tiny", "--mtp_layers=1", "--seed=47"], 100, 32,
+                      [1, 9, 100], 4, 40),
 }
 
 

@@ -107,6 +107,24 @@ struct LatentSelection {
   int topk = 0;
 };
 
+// A linear-attention (KDA) layer's per-row inputs for KdaMix, rows of the
+// round in order: the q, k and v projections before their convolutions
+// ([rows][heads * head_dim] each, row stride ld), the gate's low-rank output
+// f_b(f_a(x)) before dt_bias (same shape, stride ld_gate) and b_proj(x)
+// before its sigmoid ([rows][heads], stride ld_beta).
+struct KdaInput {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t ld = 0;
+  const float* gate = nullptr;
+  int64_t ld_gate = 0;
+  const float* beta = nullptr;
+  int64_t ld_beta = 0;
+  const KdaWeights* w = nullptr;
+  const LinearAttentionConfig* config = nullptr;
+};
+
 class ComputeOps {
  public:
   virtual ~ComputeOps() = default;
@@ -195,6 +213,20 @@ class ComputeOps {
   // expert-parallel rank leaves other ranks' choices unwritten).
   virtual void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows,
                               int64_t dim, float* out) = 0;
+
+  // Kimi Delta Attention over each sequence's recurrent state in `layer`
+  // (SeqStep::state_slot; reset at start_position 0): per row in position
+  // order, the causal convolutions and SiLU, L2-normalised q and k, the
+  // per-channel decay and the gated delta rule per head; out[t] ([rows][heads *
+  // head_dim]) is each head's S_t^T q_t / sqrt(head_dim). The state then holds
+  // the sequence's last row. Every row is computed by the same recurrence,
+  // so a token's output does not depend on how its prompt was split into
+  // rounds or what else shares them.
+  virtual void KdaMix(int layer, const KdaInput& in, float* out) = 0;
+  // x[t][h] = rmsnorm(x[t][h]) * w * sigmoid(gate[t][h]) for each of `heads`
+  // heads of `dim` floats in rows t < rows (KDA's gated output norm).
+  virtual void GatedRmsNorm(float* x, const float* gate, absl::Span<const float> w, int heads,
+                            int dim, float eps, int rows) = 0;
 
   // gate = silu(gate) * up, elementwise over [rows][cols].
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;

@@ -43,7 +43,14 @@ enum Slot : int {
   kLseGathered,  // [world][T][heads]
   kMtpHidden,    // [T][hidden] an MTP drafter's hidden inputs
   kMtpPart,      // [T][hidden] the normed hidden inputs
-  kHead,         // RoundIndex::Head's five slots
+  kKdaQ,         // [T][linear heads * head_dim] q, k, v projections before the convolutions
+  kKdaK,
+  kKdaV,
+  kKdaGateLow,  // [T][head_dim] f_a(x), then g_a(x)
+  kKdaGate,     // [T][linear heads * head_dim] f_b(f_a(x)), then g_b(g_a(x))
+  kKdaBeta,     // [T][linear heads]
+  kKdaOut,      // [T][linear heads * head_dim]
+  kHead,        // RoundIndex::Head's five slots (the last slot: Head uses kHead..kHead+4)
 };
 
 // transformers' and DeepSeek's indexer LayerNorm epsilon.
@@ -69,8 +76,18 @@ DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
       scale_(SoftmaxScale(cfg_)) {
   const MlaConfig& m = cfg_.mla;
   const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
-  for (const LayerWeights& w : model_->layers) {
+  int kv_layers = 0;
+  for (int l = 0; l < cfg_.layers; ++l) {
+    kv_layer_.push_back(cfg_.linear.Linear(l) ? -1 : kv_layers++);
+  }
+  kv_layer_.push_back(kv_layers);  // an MTP drafter's layer index past the model's
+  for (int l = 0; l < static_cast<int>(model_->layers.size()); ++l) {
+    const LayerWeights& w = model_->layers[l];
     LayerViews v;
+    if (cfg_.linear.Linear(l)) {
+      views_.push_back(std::move(v));
+      continue;
+    }
     v.kv_a_latent = w.mla.wkv_a.Rows(0, m.kv_lora_rank);
     v.kv_a_rope = w.mla.wkv_a.Rows(m.kv_lora_rank, m.qk_rope_head_dim);
     for (int h = 0; h < shard_.heads; ++h) {
@@ -92,7 +109,14 @@ std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config
   // offloaded and restored with its latent, never apart from it.
   latent.index_dim = config.indexer.topk > 0 ? config.indexer.head_dim : 0;
   latent.head_dim = latent.latent_dim + latent.rope_dim + latent.index_dim;
-  return std::vector<LayerCacheSpec>(config.layers, latent);
+  std::vector<LayerCacheSpec> caches(config.layers, latent);
+  LayerCacheSpec state;
+  state.kind = CacheKind::kRecurrentState;
+  state.state_floats = config.linear.StateFloats();
+  for (int l = 0; l < config.layers; ++l) {
+    if (config.linear.Linear(l)) caches[l] = state;
+  }
+  return caches;
 }
 
 absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, ComputeOps* ops) {
@@ -121,7 +145,11 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
     ops->RmsNorm(x, w.attn_norm, D, cfg_.rms_eps, xb, rows);
-    if (absl::Status st = Attention(l, xb, rows, ops, tmp); !st.ok()) return st;
+    if (cfg_.linear.Linear(l)) {
+      LinearAttention(l, xb, rows, ops, tmp);
+    } else if (absl::Status st = Attention(l, xb, rows, ops, tmp); !st.ok()) {
+      return st;
+    }
     if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
     ops->Add(x, tmp, T * D);
 
@@ -180,11 +208,48 @@ void DeepseekGraph::Hidden(const RoundInput& round, const float* x, int rows, Co
   }
 }
 
-absl::Status DeepseekGraph::Attention(int layer, const float* xb, int rows, ComputeOps* ops,
+void DeepseekGraph::LinearAttention(int layer, const float* xb, int rows, ComputeOps* ops,
+                                    float* out) {
+  const LinearAttentionConfig& c = cfg_.linear;
+  const KdaWeights& w = model_->layers[layer].kda;
+  const int D = cfg_.hidden, H = c.heads, HD = c.head_dim;
+  const int64_t T = rows, C = int64_t{H} * HD;
+  float* q = ops->Scratch(kKdaQ, T * C);
+  float* k = ops->Scratch(kKdaK, T * C);
+  float* v = ops->Scratch(kKdaV, T * C);
+  float* low = ops->Scratch(kKdaGateLow, T * HD);
+  float* gate = ops->Scratch(kKdaGate, T * C);
+  float* beta = ops->Scratch(kKdaBeta, T * H);
+  float* o = ops->Scratch(kKdaOut, T * C);
+  ops->MatMulShared({{&w.wq, q, C}, {&w.wk, k, C}, {&w.wv, v, C}}, xb, D, rows);
+  ops->MatMulShared({{&w.f_a, low, HD}, {&w.b, beta, H}}, xb, D, rows);
+  ops->MatMul(w.f_b, low, HD, rows, gate, C);
+  KdaInput in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  in.ld = C;
+  in.gate = gate;
+  in.ld_gate = C;
+  in.beta = beta;
+  in.ld_beta = H;
+  in.w = &w;
+  in.config = &c;
+  ops->KdaMix(layer, in, o);
+  // The output gate reuses the gate buffers: f_b's output is consumed.
+  ops->MatMul(w.g_a, xb, D, rows, low, HD);
+  ops->MatMul(w.g_b, low, HD, rows, gate, C);
+  ops->GatedRmsNorm(o, gate, w.o_norm, H, HD, cfg_.rms_eps, rows);
+  ops->MatMul(w.wo, o, C, rows, out, D);
+}
+
+absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows, ComputeOps* ops,
                                       float* out) {
   const MlaConfig& m = cfg_.mla;
-  const MlaWeights& a = model_->layers[layer].mla;
-  const LayerViews& v = views_[layer];
+  const MlaWeights& a = model_->layers[model_layer].mla;
+  const LayerViews& v = views_[model_layer];
+  // The KV pool holds the attention layers only (recurrent ones keep state).
+  const int layer = kv_layer_[model_layer];
   const int D = cfg_.hidden, H = shard_.heads;
   const int C = m.kv_lora_rank, R = m.qk_rope_head_dim, N = m.qk_nope_head_dim;
   const int QK = N + R, V = m.v_head_dim, QL = m.q_lora_rank;
@@ -194,8 +259,8 @@ absl::Status DeepseekGraph::Attention(int layer, const float* xb, int rows, Comp
   float* rope_key = ops->Scratch(kRopeKey, T * R);
 
   const IndexerConfig& ix = cfg_.indexer;
-  const bool indexer = ix.topk > 0, full = indexer && ix.FullLayer(layer);
-  const IndexerWeights& iw = model_->layers[layer].indexer;
+  const bool indexer = ix.topk > 0, full = indexer && ix.FullLayer(model_layer);
+  const IndexerWeights& iw = model_->layers[model_layer].indexer;
   const int I = ix.head_dim, IH = ix.heads;
   float* index_key_raw = full ? ops->Scratch(kIndexKeyRaw, T * I) : nullptr;
   float* index_weights = full ? ops->Scratch(kIndexWeights, T * IH) : nullptr;

@@ -29,6 +29,10 @@
 // to those of the last full layer. The selection is a function of the row's
 // own query and the cached keys, so it is batch-invariant too.
 //
+// glm5_next (GLM-5.3-Flash): the layers LinearAttentionConfig marks are Kimi
+// Delta Attention (KdaMix) over a per-sequence recurrent state instead of
+// MLA; the others are MLA as above, and the KV pool holds only those.
+//
 // MTP: the same graph runs an MTP drafter (ModelConfig::mtp_drafter, made by
 // MtpDrafter in model/shard.h): its input rows are
 // eh_proj([enorm(embed(token)), hnorm(hidden_in)]), the embedding zeroed at
@@ -75,7 +79,9 @@ class DeepseekGraph final : public ModelGraph {
   // Each writes its block's output ([rows][hidden], before the all-reduce)
   // into `out` from the normed input xb.
   // Errors: the group's collectives' (decode context parallel).
-  absl::Status Attention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
+  absl::Status Attention(int model_layer, const float* xb, int rows, ComputeOps* ops, float* out);
+  // glm5_next's Kimi Delta Attention (LinearAttentionConfig) of one layer.
+  void LinearAttention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
   void Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops, float* out);
   void GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows, ComputeOps* ops,
                 float* out);
@@ -89,7 +95,10 @@ class DeepseekGraph final : public ModelGraph {
   const TpShard& shard_;
   const std::vector<float> inv_freq_;  // of the rope part
   const float scale_;                  // the attention softmax scale
-  std::vector<LayerViews> views_;
+  std::vector<LayerViews> views_;      // per layer (empty for linear-attention layers)
+  // Per layer: its index in the KV pool, which holds the attention layers
+  // only (-1 for a linear-attention layer, whose state is in a slot).
+  std::vector<int> kv_layer_;
   RoundIndex index_;
   // Per round, MoE routing: [rows][k] experts and weights, and each expert's
   // rows (token rows and slot rows t * k + s), rebuilt per layer.

@@ -22,7 +22,7 @@ absl::Status NoGraph(const std::string& model_type) {
   return absl::UnimplementedError(
       absl::StrCat("no forward pass for model_type '", model_type,
                    "' (supported: llama, mistral, qwen2, deepseek_v3, deepseek_v32, "
-                   "glm_moe_dsa)"));
+                   "glm_moe_dsa, glm5_next)"));
 }
 
 // The loader fills a DeepSeek-family config's latent attention; a config

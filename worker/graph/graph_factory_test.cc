@@ -45,10 +45,10 @@ TEST(GraphFactory, LlamaFamilyModelTypesGetTheLlamaGraph) {
 // A family with no graph is an error at creation, never an abort or a wrong
 // forward pass, and the backend and the pool sizing say so too.
 TEST(GraphFactory, UnknownFamilyIsUnimplementedEverywhere) {
-  std::shared_ptr<const ModelWeights> m = As("glm5_next");
+  std::shared_ptr<const ModelWeights> m = As("mamba2");
   absl::StatusOr<std::unique_ptr<ModelGraph>> g = CreateGraph(m);
   EXPECT_TRUE(absl::IsUnimplemented(g.status())) << g.status();
-  EXPECT_THAT(std::string(g.status().message()), HasSubstr("glm5_next"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("mamba2"));
   EXPECT_TRUE(absl::IsUnimplemented(CreateCpuBackend(m, {}).status()));
   EXPECT_TRUE(absl::IsUnimplemented(GraphLayerCaches(m->config, m->shard).status()));
   EXPECT_TRUE(absl::IsUnimplemented(

@@ -119,6 +119,15 @@ class CountingOps final : public ComputeOps {
     ++calls["WeightedRowSum"];
     real_.WeightedRowSum(y, weights, k, rows, dim, out);
   }
+  void KdaMix(int layer, const KdaInput& in, float* out) override {
+    ++calls["KdaMix"];
+    real_.KdaMix(layer, in, out);
+  }
+  void GatedRmsNorm(float* x, const float* gate, absl::Span<const float> w, int heads, int dim,
+                    float eps, int rows) override {
+    ++calls["GatedRmsNorm"];
+    real_.GatedRmsNorm(x, gate, w, heads, dim, eps, rows);
+  }
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override {
     ++calls["SiluMul"];
     real_.SiluMul(gate, up, rows, cols);

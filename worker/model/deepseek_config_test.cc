@@ -254,6 +254,88 @@ TEST(DeepseekConfigTest, BadConfigsNameTheField) {
   EXPECT_THAT(std::string(hf.status().message()), HasSubstr("index_head_dim"));
 }
 
+// A GLM-5.3-Flash-shaped glm5_next config: 45 layers, three KDA layers in
+// four, NoPE MLA with the indexer, the gate's lower bound.
+Json Glm5NextConfig() {
+  Json j = Glm5Config();
+  j["model_type"] = "glm5_next";
+  j["num_hidden_layers"] = 45;
+  j["qk_rope_head_dim"] = 0;
+  Json mlp = Json::array(), layers = Json::array();
+  for (int l = 0; l < 45; ++l) {
+    mlp.push_back(l < 1 ? "dense" : "sparse");
+    layers.push_back(l % 4 == 3 ? "full_attention" : "linear_attention");
+  }
+  j["mlp_layer_types"] = mlp;
+  j["layer_types"] = layers;
+  j["linear_num_heads"] = 32;
+  j["linear_head_dim"] = 128;
+  j["linear_conv_kernel_dim"] = 4;
+  j["linear_lower_bound"] = -5.0;
+  return j;
+}
+
+TEST(DeepseekConfigTest, Glm5NextLayersAndStateAreRead) {
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(Glm5NextConfig().dump(), "glm5_next/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const ModelConfig& c = hf->config;
+  EXPECT_TRUE(IsDeepseekFamily(c.model_type));
+  EXPECT_EQ(c.mla.qk_rope_head_dim, 0);
+  EXPECT_EQ(c.linear.heads, 32);
+  EXPECT_EQ(c.linear.head_dim, 128);
+  EXPECT_TRUE(c.linear.has_lower_bound);
+  EXPECT_EQ(c.linear.lower_bound, -5.0f);
+  int linear = 0;
+  for (int l = 0; l < c.layers; ++l) linear += c.linear.Linear(l);
+  EXPECT_EQ(linear, 34);
+  EXPECT_FALSE(c.linear.Linear(3));
+  // Per lane and KDA layer: 3 x 4096 channels x 3 convolution inputs and 32
+  // matrices of 128 x 128, in float32: 2.2 MB, whatever the context.
+  EXPECT_EQ(c.linear.StateFloats(), 3 * 4096 * 3 + 32 * 128 * 128);
+  // The KV pool holds only the 11 MLA layers' latent rows.
+  absl::StatusOr<int64_t> block = KvBlockBytes(
+      kCpuBackend, c, TpShard{0, 1, 0, c.heads, 0, c.kv_heads, 0, c.intermediate, 0, c.vocab},
+      {1, 64, DType::kF32});
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(*block, (512 + 128) * 4 * 64 * 11);
+}
+
+TEST(DeepseekConfigTest, BadGlm5NextConfigsNameTheField) {
+  struct Row {
+    const char* key;
+    Json value;
+    absl::StatusCode code;
+    const char* says;
+  };
+  const std::vector<Row> rows = {
+      {"layer_types", nullptr, absl::StatusCode::kInvalidArgument, "layer_types"},
+      {"layer_types", Json::array({"linear_attention"}), absl::StatusCode::kInvalidArgument,
+       "layer_types"},
+      {"linear_num_heads", nullptr, absl::StatusCode::kInvalidArgument, "linear_num_heads"},
+      {"linear_head_dim", 0, absl::StatusCode::kInvalidArgument, "linear_head_dim"},
+      {"linear_conv_kernel_dim", 0, absl::StatusCode::kInvalidArgument, "linear_conv_kernel_dim"},
+      {"linear_lower_bound", 2.0, absl::StatusCode::kInvalidArgument, "linear_lower_bound"},
+      {"hc_mult", 4, absl::StatusCode::kUnimplemented, "hc_mult"},
+      {"index_kpool", true, absl::StatusCode::kUnimplemented, "index_kpool"},
+      {"swiglu_limit", 7.0, absl::StatusCode::kUnimplemented, "swiglu_limit"},
+      {"indexer_types", Json::array({"full"}), absl::StatusCode::kUnimplemented, "indexer_types"},
+      {"qk_rope_head_dim", -2, absl::StatusCode::kInvalidArgument, "qk_rope_head_dim"},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(std::string(r.key) + " = " + r.value.dump());
+    Json j = Glm5NextConfig();
+    j[r.key] = r.value;
+    absl::StatusOr<HfConfig> hf = ParseHfConfig(j.dump(), "bad/config.json");
+    ASSERT_FALSE(hf.ok());
+    EXPECT_EQ(hf.status().code(), r.code) << hf.status();
+    EXPECT_THAT(std::string(hf.status().message()), HasSubstr(r.says));
+  }
+  // Another family keeps refusing NoPE.
+  Json glm = Glm5Config();
+  glm["qk_rope_head_dim"] = 0;
+  EXPECT_FALSE(ParseHfConfig(glm.dump(), "bad/config.json").ok());
+}
+
 // KV bytes per token and layer of the published shapes, from the configs
 // alone: DeepSeek-V3's FP8 latent is fp8_ds_mla's 656 bytes (512 E4M3 + 4
 // float scales + 64 BF16), GLM-5 adds its indexer key (128 E4M3 + a scale);

@@ -219,14 +219,82 @@ absl::Status ParseIndexerSharing(const Json& j, absl::string_view path, int laye
 
 // MLA, MoE and indexer fields of deepseek_v3, deepseek_v32 and glm_moe_dsa,
 // with transformers' defaults where a key may be absent.
+// glm5_next's linear-attention layers (LinearAttentionConfig), and the
+// refusal of the parts of GLM-5.3-Flash not run yet.
+absl::Status ParseLinearAttention(const Json& j, absl::string_view path, ModelConfig* c) {
+  // Not run yet: refused rather than silently computed without.
+  if (Present(j, "hc_mult")) {
+    int hc = 1;
+    if (absl::Status s = GetInt(j, "hc_mult", path, &hc); !s.ok()) return s;
+    if (hc != 1) {
+      return Unsupported(path, "hc_mult", "other than 1 (hyper-connections) is not supported yet");
+    }
+  }
+  for (const char* key :
+       {"index_kpool", "swiglu_limit", "indexer_types", "index_topk_pattern", "index_topk_freq"}) {
+    if (Present(j, key) && !(j[key].is_boolean() && !j[key].get<bool>())) {
+      return Unsupported(path, key, "is not supported for glm5_next yet");
+    }
+  }
+  LinearAttentionConfig& x = c->linear;
+  if (!Present(j, "layer_types")) return Invalid(path, "layer_types", "is missing");
+  const Json& types = j["layer_types"];
+  if (!types.is_array() || static_cast<int>(types.size()) != c->layers) {
+    return Invalid(path, "layer_types",
+                   absl::StrCat("must list one type per layer (", c->layers, ")"));
+  }
+  bool any = false;
+  for (const Json& t : types) {
+    if (!t.is_string() || (t != "linear_attention" && t != "full_attention")) {
+      return Invalid(
+          path, "layer_types",
+          absl::StrCat("entries must be \"linear_attention\" or \"full_attention\", got ",
+                       t.dump()));
+    }
+    x.linear_layer.push_back(t == "linear_attention");
+    any = any || x.linear_layer.back();
+  }
+  if (!any) return absl::OkStatus();
+  for (auto [key, field] :
+       {std::pair{"linear_num_heads", &x.heads}, std::pair{"linear_head_dim", &x.head_dim}}) {
+    if (absl::Status s = GetRequiredInt(j, key, path, field); !s.ok()) return s;
+    if (*field <= 0 || *field > 4096) {
+      return Invalid(path, key, absl::StrCat("must be in [1, 4096], got ", *field));
+    }
+  }
+  if (absl::Status s = GetInt(j, "linear_conv_kernel_dim", path, &x.conv_kernel); !s.ok()) {
+    return s;
+  }
+  if (x.conv_kernel < 1 || x.conv_kernel > 64) {
+    return Invalid(path, "linear_conv_kernel_dim",
+                   absl::StrCat("must be in [1, 64], got ", x.conv_kernel));
+  }
+  if (Present(j, "linear_lower_bound")) {
+    if (absl::Status s = GetFloat(j, "linear_lower_bound", path, &x.lower_bound); !s.ok()) {
+      return s;
+    }
+    if (!(x.lower_bound < 0.0f) || !std::isfinite(x.lower_bound)) {
+      return Invalid(path, "linear_lower_bound",
+                     absl::StrCat("must be a negative number, got ", x.lower_bound));
+    }
+    x.has_lower_bound = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelConfig* c) {
   MlaConfig& m = c->mla;
+  const bool next = c->model_type == "glm5_next";
   for (auto [key, field] : {std::pair{"kv_lora_rank", &m.kv_lora_rank},
                             std::pair{"qk_nope_head_dim", &m.qk_nope_head_dim},
                             std::pair{"qk_rope_head_dim", &m.qk_rope_head_dim},
                             std::pair{"v_head_dim", &m.v_head_dim}}) {
     if (absl::Status s = GetRequiredInt(j, key, path, field); !s.ok()) return s;
-    if (*field <= 0) return Invalid(path, key, absl::StrCat("must be positive, got ", *field));
+    // glm5_next's attention layers are NoPE: no rotary part at all.
+    const bool zero_ok = next && std::string_view(key) == "qk_rope_head_dim";
+    if (*field < 0 || (*field == 0 && !zero_ok)) {
+      return Invalid(path, key, absl::StrCat("must be positive, got ", *field));
+    }
   }
   if (m.qk_rope_head_dim % 2 != 0) {
     return Invalid(path, "qk_rope_head_dim",
@@ -312,9 +380,10 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
   if (c->model_type != "deepseek_v3") {
     IndexerConfig& x = c->indexer;
     x.topk = 2048;
-    x.heads = c->model_type == "glm_moe_dsa" ? 32 : 64;
+    const bool glm = c->model_type == "glm_moe_dsa" || next;
+    x.heads = glm ? 32 : 64;
     x.head_dim = 128;
-    x.rope_interleave = c->model_type == "glm_moe_dsa";
+    x.rope_interleave = glm;
     for (auto [key, field] :
          {std::pair{"index_topk", &x.topk}, std::pair{"index_n_heads", &x.heads},
           std::pair{"index_head_dim", &x.head_dim}}) {
@@ -324,7 +393,11 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
     if (absl::Status s = GetBool(j, "indexer_rope_interleave", path, &x.rope_interleave); !s.ok()) {
       return s;
     }
-    if (absl::Status s = ParseIndexerSharing(j, path, c->layers, &x.full_layer); !s.ok()) {
+    // glm5_next: every attention layer runs its own indexer
+    // (ParseLinearAttention refuses the sharing keys).
+    if (absl::Status s =
+            next ? absl::OkStatus() : ParseIndexerSharing(j, path, c->layers, &x.full_layer);
+        !s.ok()) {
       return s;
     }
     if (x.head_dim < m.qk_rope_head_dim) {
@@ -333,6 +406,7 @@ absl::Status ParseDeepseekFamily(const Json& j, absl::string_view path, ModelCon
                                   m.qk_rope_head_dim, ")"));
     }
   }
+  if (next) return ParseLinearAttention(j, path, c);
   return absl::OkStatus();
 }
 
@@ -349,7 +423,7 @@ absl::StatusOr<HfConfig> ParseHfConfigJson(const Json& j, absl::string_view path
     return Unsupported(path, "model_type",
                        absl::StrCat("'", model_type,
                                     "' is not supported (supported: llama, mistral, qwen2, "
-                                    "deepseek_v3, deepseek_v32, glm_moe_dsa)"));
+                                    "deepseek_v3, deepseek_v32, glm_moe_dsa, glm5_next)"));
   }
   c.model_type = model_type;
 

@@ -91,7 +91,8 @@ absl::Status ValidateMoeFamily(const ModelConfig& c) {
       return bad("qk_nope_head_dim (", m.qk_nope_head_dim, ") and v_head_dim (", m.v_head_dim,
                  ") must be positive");
     }
-    if (m.qk_rope_head_dim <= 0 || m.qk_rope_head_dim % 2 != 0 ||
+    const int min_rope = c.model_type == "glm5_next" ? 0 : 1;  // NoPE attention
+    if (m.qk_rope_head_dim < min_rope || m.qk_rope_head_dim % 2 != 0 ||
         m.qk_rope_head_dim != c.head_dim) {
       return bad("qk_rope_head_dim must be positive and even, got ", m.qk_rope_head_dim);
     }
@@ -144,7 +145,23 @@ absl::Status ValidateConfigFields(const ModelConfig& c, const ConfigFieldNames& 
                                                                 {n.head_dim, c.head_dim},
                                                                 {n.vocab, c.vocab},
                                                                 {n.max_position, c.max_position}}) {
+    // A NoPE latent attention (glm5_next) has no per-head RoPE size.
+    if (name == n.head_dim && v == 0 && IsMla(c) && c.model_type == "glm5_next") continue;
     if (absl::Status s = positive(name, v); !s.ok()) return s;
+  }
+  const LinearAttentionConfig& x = c.linear;
+  if (!x.linear_layer.empty()) {
+    if (static_cast<int>(x.linear_layer.size()) != c.layers) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_types names ", x.linear_layer.size(),
+                                                     " layers, the model has ", c.layers));
+    }
+    const bool any =
+        std::find(x.linear_layer.begin(), x.linear_layer.end(), true) != x.linear_layer.end();
+    if (any && (x.heads <= 0 || x.head_dim <= 0 || x.conv_kernel < 1)) {
+      return absl::InvalidArgumentError(
+          "linear attention needs linear_num_heads, linear_head_dim and "
+          "linear_conv_kernel_dim to be positive");
+    }
   }
   if (c.heads % c.kv_heads != 0) {
     return absl::InvalidArgumentError(
@@ -366,11 +383,16 @@ class HfLoader {
     return absl::OkStatus();
   }
 
-  absl::Status GetVector(const std::string& name, int64_t n, std::vector<float>* out) {
+  // `flat`: any shape of n elements (a convolution's [C, 1, K], A_log's
+  // [1, 1, H, 1]), read in row-major order.
+  absl::Status GetVector(const std::string& name, int64_t n, std::vector<float>* out,
+                         bool flat = false) {
     auto got = src_.Get(name);
     if (!got.ok()) return got.status();
     auto [t, f] = *got;
-    if (t->shape != std::vector<int64_t>{n}) {
+    int64_t count = 1;
+    for (int64_t d : t->shape) count *= d;
+    if (flat ? count != n : t->shape != std::vector<int64_t>{n}) {
       return absl::InvalidArgumentError(absl::StrCat(f->path(), ": tensor '", name, "' has shape ",
                                                      ShapeString(t->shape), ", expected ",
                                                      ShapeString({n}), " from the config"));
@@ -428,6 +450,7 @@ struct NamedVector {
   std::string name;
   int64_t n;
   std::vector<float>* v;
+  bool flat = false;  // GetVector's
 };
 
 absl::Status LoadAll(HfLoader& l, const std::vector<NamedMatrix>& mats,
@@ -436,7 +459,7 @@ absl::Status LoadAll(HfLoader& l, const std::vector<NamedMatrix>& mats,
     if (absl::Status s = l.GetMatrix(m.name, m.rows, m.cols, m.m); !s.ok()) return s;
   }
   for (const NamedVector& v : vecs) {
-    if (absl::Status s = l.GetVector(v.name, v.n, v.v); !s.ok()) return s;
+    if (absl::Status s = l.GetVector(v.name, v.n, v.v, v.flat); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -444,30 +467,60 @@ absl::Status LoadAll(HfLoader& l, const std::vector<NamedMatrix>& mats,
 // One layer of deepseek_v3 / deepseek_v32 / glm_moe_dsa in transformers'
 // tensor names: latent attention, the DSA indexer where the config has one,
 // and a MoE or dense feed-forward part.
+// A glm5_next linear-attention layer's mixer, in Kimi Linear's names. A_log
+// may be stored [H] or [1, 1, H, 1]; the convolutions [H * D, 1, K].
+void LoadKdaMixer(const ModelConfig& c, const std::string& a, std::vector<NamedMatrix>* mats,
+                  std::vector<NamedVector>* vecs, KdaWeights* k) {
+  const LinearAttentionConfig& x = c.linear;
+  const int64_t D = c.hidden, H = x.heads, HD = x.head_dim, C = H * HD;
+  mats->push_back({a + "q_proj.weight", C, D, &k->wq});
+  mats->push_back({a + "k_proj.weight", C, D, &k->wk});
+  mats->push_back({a + "v_proj.weight", C, D, &k->wv});
+  mats->push_back({a + "f_a_proj.weight", HD, D, &k->f_a});
+  mats->push_back({a + "f_b_proj.weight", C, HD, &k->f_b});
+  mats->push_back({a + "b_proj.weight", H, D, &k->b});
+  mats->push_back({a + "g_a_proj.weight", HD, D, &k->g_a});
+  mats->push_back({a + "g_b_proj.weight", C, HD, &k->g_b});
+  mats->push_back({a + "o_proj.weight", D, C, &k->wo});
+  vecs->push_back({a + "q_conv1d.weight", C * x.conv_kernel, &k->conv_q, true});
+  vecs->push_back({a + "k_conv1d.weight", C * x.conv_kernel, &k->conv_k, true});
+  vecs->push_back({a + "v_conv1d.weight", C * x.conv_kernel, &k->conv_v, true});
+  vecs->push_back({a + "A_log", H, &k->a_log, true});
+  vecs->push_back({a + "dt_bias", C, &k->dt_bias});
+  vecs->push_back({a + "o_norm.weight", HD, &k->o_norm});
+}
+
 absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWeights* L) {
   const std::string p = absl::StrCat("model.layers.", i, ".");
   const MlaConfig& m = c.mla;
   const int64_t D = c.hidden, H = c.heads;
   const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   std::vector<NamedMatrix> mats;
-  std::vector<NamedVector> vecs{
-      {p + "input_layernorm.weight", D, &L->attn_norm},
-      {p + "post_attention_layernorm.weight", D, &L->ffn_norm},
-      {p + "self_attn.kv_a_layernorm.weight", m.kv_lora_rank, &L->mla.kv_a_norm}};
+  std::vector<NamedVector> vecs{{p + "input_layernorm.weight", D, &L->attn_norm},
+                                {p + "post_attention_layernorm.weight", D, &L->ffn_norm}};
   const std::string a = p + "self_attn.";
-  if (m.q_lora_rank > 0) {
+  if (c.linear.Linear(i)) {
+    LoadKdaMixer(c, a, &mats, &vecs, &L->kda);
+  } else {
+    vecs.push_back({a + "kv_a_layernorm.weight", m.kv_lora_rank, &L->mla.kv_a_norm});
+  }
+  if (c.linear.Linear(i)) {
+    // The feed-forward part below is the family's.
+  } else if (m.q_lora_rank > 0) {
     mats.push_back({a + "q_a_proj.weight", m.q_lora_rank, D, &L->mla.wq_a});
     mats.push_back({a + "q_b_proj.weight", H * qk, m.q_lora_rank, &L->mla.wq_b});
     vecs.push_back({a + "q_a_layernorm.weight", m.q_lora_rank, &L->mla.q_a_norm});
   } else {
     mats.push_back({a + "q_proj.weight", H * qk, D, &L->mla.wq_b});
   }
-  mats.push_back(
-      {a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, D, &L->mla.wkv_a});
-  mats.push_back({a + "kv_b_proj.weight", H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
-                  &L->mla.wkv_b});
-  mats.push_back({a + "o_proj.weight", D, H * m.v_head_dim, &L->mla.wo});
-  if (c.indexer.topk > 0 && c.indexer.FullLayer(i)) {
+  if (!c.linear.Linear(i)) {
+    mats.push_back(
+        {a + "kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, D, &L->mla.wkv_a});
+    mats.push_back({a + "kv_b_proj.weight", H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank,
+                    &L->mla.wkv_b});
+    mats.push_back({a + "o_proj.weight", D, H * m.v_head_dim, &L->mla.wo});
+  }
+  if (c.indexer.topk > 0 && c.indexer.FullLayer(i) && !c.linear.Linear(i)) {
     const IndexerConfig& x = c.indexer;
     if (m.q_lora_rank <= 0) {
       return absl::InvalidArgumentError("the DSA indexer reads the query latent: q_lora_rank is 0");
@@ -614,12 +667,16 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
     if (!mtp.ok()) return mtp.status();
     w->mtp = *std::move(mtp);
   }
-  const Matrix& probe = IsMla(c) ? w->layers[0].mla.wkv_a : w->layers[0].attn.wq;
+  // A linear-attention layer 0 (glm5_next) has q_proj, not the latent.
+  const bool kda0 = c.linear.Linear(0);
+  const Matrix& probe = kda0       ? w->layers[0].kda.wq
+                        : IsMla(c) ? w->layers[0].mla.wkv_a
+                                   : w->layers[0].attn.wq;
   w->config.weight_dtype = probe.dtype;
   if (hf->fp8_block_scaled && w->config.weight_dtype != DType::kFP8E4M3) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir, ": config.json declares FP8 quantization_config but model.layers.0.self_attn.",
-        IsMla(c) ? "kv_a_proj_with_mqa" : "q_proj", ".weight is ",
+        IsMla(c) && !kda0 ? "kv_a_proj_with_mqa" : "q_proj", ".weight is ",
         std::string(DTypeName(w->config.weight_dtype))));
   }
   return w;

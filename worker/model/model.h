@@ -83,6 +83,33 @@ struct IndexerConfig {
   bool FullLayer(int layer) const { return full_layer.empty() || full_layer[layer]; }
 };
 
+// Linear attention (GLM-5.3-Flash's Kimi Delta Attention, glm5_next): the
+// layers it marks keep a fixed-size recurrent state per sequence instead of
+// KV. Per layer, q, k and v are `heads` heads of `head_dim`, each through a
+// causal depthwise convolution of `conv_kernel` taps and SiLU; the state of a
+// head is a head_dim x head_dim matrix updated by the gated delta rule with a
+// per-channel decay exp(g), where g = -exp(A_log) * softplus(raw + dt_bias),
+// or lower_bound * sigmoid(exp(A_log) * (raw + dt_bias)) when the config sets
+// linear_lower_bound.
+struct LinearAttentionConfig {
+  int heads = 0;  // 0: no linear-attention layers
+  int head_dim = 0;
+  int conv_kernel = 4;
+  bool has_lower_bound = false;
+  float lower_bound = 0.0f;
+  std::vector<bool> linear_layer;  // per layer: KDA (true) or attention
+
+  bool Linear(int layer) const {
+    return layer < static_cast<int>(linear_layer.size()) && linear_layer[layer];
+  }
+  // Floats of one sequence's state in one layer: the convolutions' last
+  // conv_kernel - 1 inputs of q, k and v, then each head's matrix.
+  int64_t StateFloats() const {
+    const int64_t c = int64_t{heads} * head_dim;
+    return 3 * c * (conv_kernel - 1) + c * head_dim;
+  }
+};
+
 struct ModelConfig {
   std::string model_type = "llama";
   int hidden = 0;        // model dimension
@@ -111,6 +138,8 @@ struct ModelConfig {
   MlaConfig mla;
   MoeConfig moe;
   IndexerConfig indexer;
+  // glm5_next: which layers are linear attention, and its shape.
+  LinearAttentionConfig linear;
   // num_nextn_predict_layers: MTP layers the checkpoint carries after its
   // layers (the first is loaded, ModelWeights::mtp), and whether that layer's
   // feed-forward part is MoE.
@@ -127,7 +156,8 @@ inline bool IsMla(const ModelConfig& c) { return c.mla.kv_lora_rank > 0; }
 
 // The model_types of the DeepSeek-V3 family (MLA, MoE, the DSA indexer).
 inline bool IsDeepseekFamily(std::string_view model_type) {
-  return model_type == "deepseek_v3" || model_type == "deepseek_v32" || model_type == "glm_moe_dsa";
+  return model_type == "deepseek_v3" || model_type == "deepseek_v32" ||
+         model_type == "glm_moe_dsa" || model_type == "glm5_next";
 }
 
 // Checks the invariants the forward pass relies on; the error names the field.
@@ -215,6 +245,23 @@ struct IndexerWeights {
   Matrix weights_proj;             // [heads, hidden]
 };
 
+// A Kimi Delta Attention mixer (LinearAttentionConfig), in the names of
+// Kimi Linear's checkpoints. A TP shard would hold its heads' rows of the
+// q/k/v/f_b/g_b projections and columns of o; not sharded yet.
+struct KdaWeights {
+  Matrix wq, wk, wv;                          // [heads * head_dim, hidden]
+  std::vector<float> conv_q, conv_k, conv_v;  // [heads * head_dim][conv_kernel]
+  std::vector<float> a_log;                   // [heads]
+  std::vector<float> dt_bias;                 // [heads * head_dim]
+  Matrix f_a;                                 // [head_dim, hidden]
+  Matrix f_b;                                 // [heads * head_dim, head_dim]
+  Matrix b;                                   // [heads, hidden]
+  Matrix g_a;                                 // [head_dim, hidden]
+  Matrix g_b;                                 // [heads * head_dim, head_dim]
+  std::vector<float> o_norm;                  // [head_dim]
+  Matrix wo;                                  // [hidden, heads * head_dim]
+};
+
 // A MoE feed-forward part. A TP shard holds every expert with its slice of
 // the expert's intermediate columns (and of the shared experts').
 struct MoeWeights {
@@ -237,13 +284,14 @@ struct LayerWeights {
   MlaWeights mla;
   IndexerWeights indexer;
   MoeWeights moe;
+  KdaWeights kda;       // a linear-attention layer's mixer (LinearAttentionConfig)
   bool sparse = false;  // the feed-forward part is `moe`, not `mlp`
 };
 
 // What a layer keeps for each sequence between rounds. The values are those of
 // v1::CacheKind (proto/ringlane/v1/common.proto), which a worker advertises
-// per layer; kPagedKv and kLatentKv are implemented, kRecurrentState names the
-// cache of a family to come (a linear-attention layer's state).
+// per layer. A kRecurrentState layer has no rows in the KV pool: its state
+// lives in a slot per sequence (SeqStep::state_slot).
 enum class CacheKind {
   kPagedKv = 1,         // K and V of every token, in the paged blocks
   kLatentKv = 2,        // one latent vector per token, in the paged blocks
@@ -262,6 +310,9 @@ struct LayerCacheSpec {
   int latent_dim = 0;
   int rope_dim = 0;
   int index_dim = 0;
+  // kRecurrentState: floats of one sequence's state in this layer
+  // (LinearAttentionConfig::StateFloats).
+  int64_t state_floats = 0;
 };
 
 // Keeps a file mapped for as long as any ModelWeights points into it.

@@ -14,6 +14,13 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside a group of ", world));
   }
   if (world == 1) return full;
+  if (!c.linear.linear_layer.empty() &&
+      std::find(c.linear.linear_layer.begin(), c.linear.linear_layer.end(), true) !=
+          c.linear.linear_layer.end()) {
+    return absl::UnimplementedError(
+        "linear-attention (KDA) layers do not run tensor-parallel yet: serve this model on one "
+        "rank per group");
+  }
   if (c.heads % world != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(c.heads, " attention heads do not split over ", world, " ranks"));
@@ -141,6 +148,13 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
   if (full->shard.world > 1) {
     return absl::InvalidArgumentError("a self-drafter is cut from the whole model, not a shard");
   }
+  if (std::find(c.linear.linear_layer.begin(), c.linear.linear_layer.end(), true) !=
+      c.linear.linear_layer.end()) {
+    // Its recurrent layers would need state slots of their own and
+    // checkpoints to rewind rejected drafts.
+    return absl::UnimplementedError(
+        "a self-drafter of a model with linear-attention layers is not supported yet");
+  }
   auto d = std::make_shared<ModelWeights>();
   d->config = c;
   d->config.layers = layers;
@@ -175,7 +189,8 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MtpDrafter(
   ModelConfig& c = d->config;
   c.layers = 1;
   c.moe.sparse_layer = {c.mtp_sparse};
-  c.indexer.full_layer.clear();  // the MTP layer chooses its own positions
+  c.indexer.full_layer.clear();   // the MTP layer chooses its own positions
+  c.linear.linear_layer.clear();  // and is an attention layer
   c.mtp_layers = 0;
   c.mtp_drafter = true;
   d->shard = full->shard;

@@ -156,6 +156,7 @@ std::string TorchDType(DType d) {
 const char* ArchitectureOf(const std::string& family) {
   if (family == "deepseek_v32") return "DeepseekV32ForCausalLM";
   if (family == "glm_moe_dsa") return "GlmMoeDsaForCausalLM";
+  if (family == "glm5_next") return "Glm5NextForCausalLM";
   return "DeepseekV3ForCausalLM";
 }
 
@@ -180,7 +181,7 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     j["norm_topk_prob"] = true;
     j["scoring_func"] = "sigmoid";
     j["topk_method"] = "noaux_tc";
-    if (o.family == "glm_moe_dsa") {
+    if (o.family == "glm_moe_dsa" || o.family == "glm5_next") {
       nlohmann::ordered_json types = nlohmann::ordered_json::array();
       for (bool sparse : c.moe.sparse_layer) types.push_back(sparse ? "sparse" : "dense");
       j["mlp_layer_types"] = types;
@@ -190,6 +191,17 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     }
   }
   if (o.mtp_layers > 0) j["num_nextn_predict_layers"] = o.mtp_layers;
+  if (o.family == "glm5_next") {
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (int l = 0; l < c.layers; ++l) {
+      types.push_back(c.linear.Linear(l) ? "linear_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["linear_num_heads"] = c.linear.heads;
+    j["linear_head_dim"] = c.linear.head_dim;
+    j["linear_conv_kernel_dim"] = c.linear.conv_kernel;
+    if (c.linear.has_lower_bound) j["linear_lower_bound"] = c.linear.lower_bound;
+  }
   if (c.indexer.topk > 0) {
     j["index_topk"] = c.indexer.topk;
     j["index_n_heads"] = c.indexer.heads;
@@ -225,35 +237,63 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 bool SparseLayer(const ModelConfig& c, const SyntheticModelOptions& o, int l) {
   if (c.moe.n_routed == 0) return false;
   if (l < c.layers) return c.moe.sparse_layer[l];
-  return o.family == "glm_moe_dsa" || l >= o.first_k_dense;
+  return o.family == "glm_moe_dsa" || o.family == "glm5_next" || l >= o.first_k_dense;
+}
+
+// A glm5_next linear-attention layer's mixer in Kimi Linear's names.
+template <typename AddMatrix, typename AddVector, typename AddShaped>
+void AddKdaMixer(const ModelConfig& c, const std::string& a, DType dtype, AddMatrix& add_matrix,
+                 AddVector& add_vector, AddShaped& add_shaped) {
+  const LinearAttentionConfig& x = c.linear;
+  const int64_t D = c.hidden, H = x.heads, HD = x.head_dim, C = H * HD, K = x.conv_kernel;
+  add_matrix(a + "q_proj.weight", Kind::kLinear, C, D, dtype);
+  add_matrix(a + "k_proj.weight", Kind::kLinear, C, D, dtype);
+  add_matrix(a + "v_proj.weight", Kind::kLinear, C, D, dtype);
+  for (const char* conv : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"}) {
+    add_shaped(a + conv, Kind::kLinear, C, K, std::vector<int64_t>{C, 1, K});
+  }
+  // A_log near 1 (decay rates near e), as Kimi Linear initialises log U(1, 16).
+  add_shaped(a + "A_log", Kind::kNorm, 1, H, std::vector<int64_t>{H});
+  add_vector(a + "dt_bias", Kind::kBias, C);
+  add_matrix(a + "f_a_proj.weight", Kind::kLinear, HD, D, dtype);
+  add_matrix(a + "f_b_proj.weight", Kind::kLinear, C, HD, dtype);
+  add_matrix(a + "b_proj.weight", Kind::kLinear, H, D, dtype);
+  add_matrix(a + "g_a_proj.weight", Kind::kLinear, HD, D, dtype);
+  add_matrix(a + "g_b_proj.weight", Kind::kLinear, C, HD, dtype);
+  add_vector(a + "o_norm.weight", Kind::kNorm, HD);
+  add_matrix(a + "o_proj.weight", Kind::kLinear, D, C, dtype);
 }
 
 // One layer of the DeepSeek family in transformers' names and order. The MTP
 // layer (l == c.layers) always has its own indexer: there is no earlier layer
 // of its stack to share one with.
-template <typename AddMatrix, typename AddVector>
+template <typename AddMatrix, typename AddVector, typename AddShaped>
 void AddDeepseekLayer(const ModelConfig& c, const SyntheticModelOptions& o, int l, DType dtype,
-                      AddMatrix& add_matrix, AddVector& add_vector) {
+                      AddMatrix& add_matrix, AddVector& add_vector, AddShaped& add_shaped) {
   const std::string p = absl::StrCat("model.layers.", l, ".");
   const MlaConfig& m = c.mla;
   const int64_t H = c.hidden, heads = c.heads;
   const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   add_vector(p + "input_layernorm.weight", Kind::kNorm, H);
   const std::string a = p + "self_attn.";
-  if (m.q_lora_rank > 0) {
+  if (c.linear.Linear(l)) {
+    AddKdaMixer(c, a, dtype, add_matrix, add_vector, add_shaped);
+  } else if (m.q_lora_rank > 0) {
     add_matrix(a + "q_a_proj.weight", Kind::kLinear, m.q_lora_rank, H, dtype);
     add_vector(a + "q_a_layernorm.weight", Kind::kNorm, m.q_lora_rank);
     add_matrix(a + "q_b_proj.weight", Kind::kLinear, heads * qk, m.q_lora_rank, dtype);
   } else {
     add_matrix(a + "q_proj.weight", Kind::kLinear, heads * qk, H, dtype);
   }
-  add_matrix(a + "kv_a_proj_with_mqa.weight", Kind::kLinear, m.kv_lora_rank + m.qk_rope_head_dim, H,
-             dtype);
-  add_vector(a + "kv_a_layernorm.weight", Kind::kNorm, m.kv_lora_rank);
-  add_matrix(a + "kv_b_proj.weight", Kind::kLinear, heads * (m.qk_nope_head_dim + m.v_head_dim),
-             m.kv_lora_rank, dtype);
-  add_matrix(a + "o_proj.weight", Kind::kLinear, H, heads * m.v_head_dim, dtype);
-  if (c.indexer.topk > 0 && (l >= c.layers || c.indexer.FullLayer(l))) {
+  if (!c.linear.Linear(l)) {
+    add_matrix(a + "kv_a_proj_with_mqa.weight", Kind::kLinear, m.kv_lora_rank + m.qk_rope_head_dim,
+               H, dtype);
+    add_vector(a + "kv_a_layernorm.weight", Kind::kNorm, m.kv_lora_rank);
+    add_matrix(a + "kv_b_proj.weight", Kind::kLinear, heads * (m.qk_nope_head_dim + m.v_head_dim),
+               m.kv_lora_rank, dtype);
+    add_matrix(a + "o_proj.weight", Kind::kLinear, H, heads * m.v_head_dim, dtype);
+  }
+  if (c.indexer.topk > 0 && !c.linear.Linear(l) && (l >= c.layers || c.indexer.FullLayer(l))) {
     const IndexerConfig& x = c.indexer;
     add_matrix(a + "indexer.wq_b.weight", Kind::kLinear, int64_t{x.heads} * x.head_dim,
                m.q_lora_rank, dtype);
@@ -339,9 +379,23 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
     o.dtype = DType::kFP8E4M3;
     return o;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown synthetic model preset '", std::string(name),
-                   "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny or glm5-small)"));
+  if (name == "glm5-next-tiny") {
+    o.family = "glm5_next";
+    o.hidden = 64;
+    o.intermediate = 96;
+    o.layers = 4;
+    o.heads = 4;
+    o.kv_heads = 4;
+    o.vocab = 512;
+    o.max_position = 4096;
+    o.dtype = DType::kBF16;
+    o.qk_rope_head_dim = 0;  // GLM-5.3-Flash's attention layers are NoPE
+    o.layer_types = "LLLF";
+    return o;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown synthetic model preset '", std::string(name),
+      "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny, glm5-small or glm5-next-tiny)"));
 }
 
 absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
@@ -352,7 +406,7 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   if (o.family != "llama" && !deepseek) {
     return absl::InvalidArgumentError(
         absl::StrCat("synthetic model: family '", o.family,
-                     "' is not one of llama, deepseek_v3, deepseek_v32, glm_moe_dsa"));
+                     "' is not one of llama, deepseek_v3, deepseek_v32, glm_moe_dsa, glm5_next"));
   }
   ModelConfig c;
   c.model_type = o.family;
@@ -385,8 +439,22 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
     for (int l = 0; l < o.layers && o.n_routed_experts > 0; ++l) {
       c.moe.sparse_layer.push_back(l >= o.first_k_dense);
     }
+    if (o.family == "glm5_next") {
+      if (static_cast<int>(o.layer_types.size()) != o.layers ||
+          o.layer_types.find_first_not_of("LF") != std::string::npos) {
+        return absl::InvalidArgumentError(
+            "synthetic model: glm5_next needs layer_types, one L or F per layer");
+      }
+      for (char t : o.layer_types) c.linear.linear_layer.push_back(t == 'L');
+      c.linear.heads = o.linear_heads;
+      c.linear.head_dim = o.linear_head_dim;
+      c.linear.conv_kernel = o.linear_conv_kernel;
+      c.linear.has_lower_bound = o.linear_lower_bound < 0.0f;
+      c.linear.lower_bound = o.linear_lower_bound;
+    }
     if (o.family != "deepseek_v3") {
-      c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim, o.family == "glm_moe_dsa"};
+      c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim,
+                   o.family == "glm_moe_dsa" || o.family == "glm5_next"};
       for (char t : o.indexer_types) c.indexer.full_layer.push_back(t == 'F');
       if (!o.indexer_types.empty() &&
           (static_cast<int>(o.indexer_types.size()) != o.layers || o.indexer_types[0] != 'F' ||
@@ -437,10 +505,15 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   auto add_vector = [&](std::string name, Kind kind, int64_t n) {
     plan.push_back({std::move(name), kind, 1, n, {n}, DType::kF32, false});
   };
+  // An F32 tensor generated as rows x cols and stored with another shape.
+  auto add_shaped = [&](std::string name, Kind kind, int64_t rows, int64_t cols,
+                        std::vector<int64_t> shape) {
+    plan.push_back({std::move(name), kind, rows, cols, std::move(shape), DType::kF32, false});
+  };
   add_matrix("model.embed_tokens.weight", Kind::kEmbedding, c.vocab, H,
              fp8 ? DType::kBF16 : o.dtype);
   for (int l = 0; l < c.layers && deepseek; ++l) {
-    AddDeepseekLayer(c, o, l, o.dtype, add_matrix, add_vector);
+    AddDeepseekLayer(c, o, l, o.dtype, add_matrix, add_vector, add_shaped);
   }
   for (int l = 0; l < c.layers && !deepseek; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -466,7 +539,7 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
     add_norm(p + "enorm.weight");
     add_norm(p + "hnorm.weight");
     add_matrix(p + "eh_proj.weight", Kind::kLinear, H, 2 * H, o.dtype);
-    AddDeepseekLayer(c, o, c.layers, o.dtype, add_matrix, add_vector);
+    AddDeepseekLayer(c, o, c.layers, o.dtype, add_matrix, add_vector, add_shaped);
     add_norm(p + "shared_head.norm.weight");
     add_matrix(p + "shared_head.head.weight", Kind::kLinear, c.vocab, H, o.dtype);
   }

@@ -82,6 +82,14 @@ struct SyntheticModelOptions {
   // --draft_layers=silent_from self-drafter always agrees, for measuring
   // speculative decoding's machinery with a perfect, cheap drafter.
   int silent_from = 0;
+  // glm5_next only: one L (Kimi Delta Attention) or F (MLA) per layer, the
+  // linear layers' heads, head size and convolution taps, and the gate's
+  // lower bound (0: the softplus gate, no linear_lower_bound key).
+  std::string layer_types;
+  int linear_heads = 4;
+  int linear_head_dim = 16;
+  int linear_conv_kernel = 4;
+  float linear_lower_bound = 0.0f;
 };
 
 // Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:
@@ -90,7 +98,9 @@ struct SyntheticModelOptions {
 // "deepseek-tiny" (deepseek_v3) and "glm5-tiny" (glm_moe_dsa, BF16, 3 layers
 // of which the first is dense), and "glm5-small" (GLM-5's attention widths in
 // 4 layers of hidden 1024 with 16 experts, FP8, 131072 positions, for
-// long-context benchmarks). Other names are InvalidArgument.
+// long-context benchmarks), "glm5-next-tiny" (glm5_next: 4 layers LLLF, KDA of
+// 4 heads of 16 and NoPE MLA with the indexer, BF16). Other names are
+// InvalidArgument.
 absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name);
 
 // Writes the model to o.out_dir (created if needed; files of the same name are

@@ -112,6 +112,17 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       return bad("use_last_sampled before the lane sampled a token");
     }
     if (row.start_position() < 0) return bad("negative start_position");
+    if (backend_->kv_pool().state_slots > 0 && n > 0) {
+      // A recurrent state only moves forward: a row must continue exactly
+      // where the lane's state stands (a new lane from position 0). Prefix
+      // reuse and rejected drafts need state checkpoints, not built yet.
+      const int64_t at = known ? it->second->state_position : 0;
+      if (row.start_position() != at) {
+        return bad(absl::StrCat("start_position ", row.start_position(),
+                                " but this model's recurrent state stands at position ", at,
+                                " (resuming elsewhere needs a state checkpoint)"));
+      }
+    }
     if (row.propose_drafts() < 0 || row.propose_drafts() > kMaxProposeDraftsField) {
       return bad(absl::StrCat("propose_drafts must be in [0, ", kMaxProposeDraftsField, "]"));
     }
@@ -170,6 +181,43 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   last_draft_us_ = 0;
   if (absl::Status st = Validate(plan); !st.ok()) return reject(st);
 
+  // Recurrent models: every new lane with tokens takes a state slot now, for
+  // its first round; they go back if the backend rejects the round.
+  const int state_slots = backend_->kv_pool().state_slots;
+  if (state_slots > 0 && !slots_ready_) {
+    free_slots_.clear();
+    for (int32_t k = state_slots - 1; k >= 0; --k) free_slots_.push_back(k);
+    slots_ready_ = true;
+  }
+  // A lane released by a row without tokens gives its slot back first, so
+  // a lane that finishes and one that starts can share a round (the router
+  // admits as many lanes as there are slots). Nothing changes until the
+  // round is accepted.
+  std::map<uint64_t, int32_t> new_slots;
+  std::vector<int32_t> avail;
+  std::set<uint64_t> released_first;
+  if (state_slots > 0) {
+    avail = free_slots_;
+    for (const v1::LaneStep& row : plan.rows()) {
+      auto it = lanes_.find(row.lane_id());
+      if (it == lanes_.end() || !row.release_lane() || it->second->state_slot < 0) continue;
+      if (row.use_last_sampled() || row.token_ids_size() > 0) continue;
+      avail.push_back(it->second->state_slot);
+      released_first.insert(row.lane_id());
+    }
+    for (const v1::LaneStep& row : plan.rows()) {
+      if (lanes_.count(row.lane_id()) || !row.has_sampling()) continue;
+      if (!row.use_last_sampled() && row.token_ids_size() == 0) continue;
+      if (avail.empty()) {
+        return reject(absl::ResourceExhaustedError(
+            absl::StrCat("every one of the ", state_slots,
+                         " recurrent state slots is held by a lane (the worker's --state_slots)")));
+      }
+      new_slots[row.lane_id()] = avail.back();
+      avail.pop_back();
+    }
+  }
+
   const auto t0 = std::chrono::steady_clock::now();
   if (timer_) timer_->TakeElapsedUs();
   // Rows with tokens become the backend's sequences, in row order.
@@ -183,6 +231,11 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
     if (row.use_last_sampled()) s.tokens.push_back(lanes_.at(row.lane_id())->last_sampled);
     s.tokens.insert(s.tokens.end(), row.token_ids().begin(), row.token_ids().end());
     s.block_ids.assign(row.block_ids().begin(), row.block_ids().end());
+    if (state_slots > 0) {
+      auto known = lanes_.find(row.lane_id());
+      s.state_slot =
+          known != lanes_.end() ? known->second->state_slot : new_slots.at(row.lane_id());
+    }
     if (row.sample_last()) {
       s.logit_offsets.push_back(static_cast<int32_t>(s.tokens.size() - 1));
     } else {
@@ -224,6 +277,10 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   }
 
   // The plan is accepted: create lanes, sample, release.
+  if (state_slots > 0) {
+    free_slots_ = std::move(avail);
+    for (uint64_t lane : released_first) lanes_.at(lane)->state_slot = -1;
+  }
   for (int i = 0; i < plan.rows_size(); ++i) {
     const v1::LaneStep& row = plan.rows(i);
     auto it = lanes_.find(row.lane_id());
@@ -238,6 +295,11 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
     }
     Lane& lane = *it->second;
     const int seq = seq_of_row[i];
+    if (state_slots > 0 && seq >= 0) {
+      if (lane.state_slot < 0) lane.state_slot = new_slots.at(row.lane_id());
+      lane.state_position =
+          in.seqs[seq].start_position + static_cast<int64_t>(in.seqs[seq].tokens.size());
+    }
     if (seq >= 0 && !in.seqs[seq].logit_offsets.empty()) {
       const SeqStep& s = in.seqs[seq];
       const std::vector<float>& logits = out.logits[seq];
@@ -286,6 +348,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       }
     }
     if (row.release_lane()) {
+      if (lane.state_slot >= 0) free_slots_.push_back(lane.state_slot);
       lanes_.erase(it);
       if (draft_ != nullptr) draft_->Forget(row.lane_id());
     }

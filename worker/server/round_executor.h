@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -49,7 +50,11 @@ class RoundExecutor {
   absl::StatusOr<ringlane::v1::RoundResult> Run(const ringlane::v1::RoundPlan& plan);
 
   // Drops every lane (the stream that owned them ended).
-  void Clear() { lanes_.clear(); }
+  void Clear() {
+    lanes_.clear();
+    free_slots_.clear();
+    slots_ready_ = false;
+  }
   size_t num_lanes() const { return lanes_.size(); }
   // Tokens sampled and drafts accepted by the last Run (on every rank, not
   // only where they are reported).
@@ -66,6 +71,10 @@ class RoundExecutor {
     Sampler sampler;
     bool has_last = false;
     int32_t last_sampled = 0;
+    // Models with recurrent layers: the lane's state slot and the positions
+    // [0, state_position) the state has consumed.
+    int32_t state_slot = -1;
+    int64_t state_position = 0;
   };
 
   // OK, or the reason the plan is rejected. Touches nothing.
@@ -79,6 +88,11 @@ class RoundExecutor {
   TimedCommunicator* const timer_;
   DraftRunner* const draft_;
   std::map<uint64_t, std::unique_ptr<Lane>> lanes_;
+  // Recurrent models: the backend's state slots no lane holds, lowest last
+  // (so every rank hands out the same slot to the same lane). Filled at the
+  // first Run after construction or Clear.
+  std::vector<int32_t> free_slots_;
+  bool slots_ready_ = false;
   int64_t last_sampled_ = 0;
   int64_t last_accepted_ = 0;
   int64_t last_proposed_ = 0;

@@ -335,5 +335,101 @@ TEST_F(RoundExecutorTest, ACopiedBlockResumesMidBlock) {
   }
 }
 
+// glm5_next keeps a recurrent state per lane in a slot of the backend's: a
+// lane takes one in its first row and gives it back when released; a round
+// that needs more than are free, or a row that does not continue where its
+// lane's state stands (a prefix hit, a rejected draft), is refused and
+// changes nothing; a lane that reuses a released slot starts from zero.
+TEST(RecurrentStateSlots, LanesTakeAndReturnSlotsAndRowsMustContinueTheState) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/round_executor_test_", ::getpid(), "_glm5_next");
+  std::filesystem::remove_all(dir);
+  absl::StatusOr<SyntheticModelOptions> o = SyntheticPreset("glm5-next-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = dir;
+  ASSERT_TRUE(WriteSyntheticModel(*o).ok());
+  absl::StatusOr<std::unique_ptr<ModelWeights>> w = LoadModel(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::shared_ptr<const ModelWeights> model(std::move(*w));
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(model, BackendOptions{}, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status();
+  // Without slots the pool cannot hold this model's state.
+  EXPECT_THAT(std::string((*b)->AllocateKvPool(kPool).message()), HasSubstr("state slots"));
+  KvPoolSpec pool = kPool;
+  pool.state_slots = 1;
+  ASSERT_TRUE((*b)->AllocateKvPool(pool).ok());
+  RoundExecutor exec(b->get(), /*rank=*/0);
+  uint64_t round_id = 0;
+  const std::vector<int32_t> prompt = {1, 17, 33, 49, 65, 81};
+  auto prefill = [&](v1::RoundPlan* plan, uint64_t lane, int first_block, int64_t start,
+                     absl::Span<const int32_t> tokens) {
+    v1::LaneStep* row = plan->add_rows();
+    row->set_lane_id(lane);
+    row->set_start_position(start);
+    row->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+    const int64_t end = start + static_cast<int64_t>(tokens.size());
+    for (int64_t k = 0; k < (end + kBlock - 1) / kBlock; ++k) {
+      row->add_block_ids(first_block + static_cast<int>(k));
+    }
+    if (start == 0) {
+      row->mutable_sampling()->set_temperature(0);
+      row->mutable_sampling()->set_seed(1);
+    }
+    row->set_sample_last(true);
+    return row;
+  };
+  auto run = [&](v1::RoundPlan& plan) {
+    plan.set_round_id(++round_id);
+    absl::StatusOr<v1::RoundResult> r = exec.Run(plan);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return *r;
+  };
+  // The prompt in one row, the reference.
+  v1::RoundPlan solo;
+  prefill(&solo, 1, 0, 0, prompt);
+  v1::RoundResult first = run(solo);
+  ASSERT_EQ(first.error().code(), 0) << first.error().message();
+  const int32_t token = first.outputs(0).tokens(0).token_id();
+
+  // Lane 1 holds the one slot: a second lane is refused.
+  v1::RoundPlan two;
+  prefill(&two, 2, 4, 0, absl::MakeConstSpan(prompt).subspan(0, 4));
+  v1::RoundResult two_r = run(two);
+  ASSERT_EQ(two_r.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << two_r.error().message();
+  v1::RoundPlan release;
+  v1::LaneStep* rel = release.add_rows();
+  rel->set_lane_id(1);
+  rel->set_release_lane(true);
+  ASSERT_EQ(run(release).error().code(), 0);
+  // Lane 2: its prompt in two rows, landing in the slot lane 1 left dirty.
+  v1::RoundPlan a;
+  prefill(&a, 2, 4, 0, absl::MakeConstSpan(prompt).subspan(0, 4))->set_sample_last(false);
+  ASSERT_EQ(run(a).error().code(), 0);
+  // A row that does not continue lane 2's state (a prefix hit) is refused.
+  v1::RoundPlan skip;
+  prefill(&skip, 2, 4, 5, absl::MakeConstSpan(prompt).subspan(5));
+  v1::RoundResult skip_r = run(skip);
+  EXPECT_EQ(skip_r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(skip_r.error().message(), HasSubstr("recurrent state stands at position 4"));
+  v1::RoundPlan rest;
+  prefill(&rest, 2, 4, 4, absl::MakeConstSpan(prompt).subspan(4));
+  v1::RoundResult rest_r = run(rest);
+  ASSERT_EQ(rest_r.error().code(), 0) << rest_r.error().message();
+  EXPECT_EQ(rest_r.outputs(0).tokens(0).token_id(), token);
+  EXPECT_EQ(rest_r.outputs(0).tokens(0).logprob(), first.outputs(0).tokens(0).logprob());
+  // Lane 2 releases in the round where lane 3 starts: the slot passes on.
+  v1::RoundPlan one;
+  v1::LaneStep* rel2 = one.add_rows();
+  rel2->set_lane_id(2);
+  rel2->set_release_lane(true);
+  prefill(&one, 3, 8, 0, prompt);
+  v1::RoundResult one_r = run(one);
+  ASSERT_EQ(one_r.error().code(), 0) << one_r.error().message();
+  ASSERT_EQ(one_r.outputs_size(), 1);
+  EXPECT_EQ(one_r.outputs(0).tokens(0).token_id(), token);
+  EXPECT_EQ(one_r.outputs(0).tokens(0).logprob(), first.outputs(0).tokens(0).logprob());
+}
+
 }  // namespace
 }  // namespace ringlane::worker

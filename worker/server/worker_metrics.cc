@@ -101,6 +101,18 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                         .Help("Blocks in this rank's KV pool")
                         .Register(r)
                         .Add(l);
+  state_slots = &prometheus::BuildGauge()
+                     .Name("ringlane_worker_state_slots")
+                     .Help(
+                         "Recurrent state slots (one per lane) of a model with linear-attention "
+                         "layers; 0 for other models")
+                     .Register(r)
+                     .Add(l);
+  state_bytes = &prometheus::BuildGauge()
+                     .Name("ringlane_worker_state_bytes")
+                     .Help("Bytes of this rank's recurrent state slots")
+                     .Register(r)
+                     .Add(l);
   auto& kv = prometheus::BuildCounter()
                  .Name("ringlane_worker_kv_blocks_moved_total")
                  .Help("KV blocks exported from or imported into the pool")

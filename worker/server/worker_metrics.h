@@ -35,6 +35,10 @@ struct WorkerMetrics {
   prometheus::Gauge* group_epoch;
   prometheus::Counter* group_formations;
   prometheus::Gauge* kv_pool_blocks;
+  // Models with recurrent layers: state slots (lanes holding one are
+  // counted by `lanes`) and the bytes they take (0 for other models).
+  prometheus::Gauge* state_slots;
+  prometheus::Gauge* state_bytes;
   prometheus::Counter* kv_blocks_exported;
   prometheus::Counter* kv_blocks_imported;
   // The kvstore link (kv_offload.h): blocks offloaded by outcome, blocks

@@ -78,9 +78,15 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_backend(id_.backend);
   info->set_bos_token_id(config_.bos_id);
   info->set_eos_token_id(config_.eos_id);
+  int64_t state_floats = 0;
   for (const LayerCacheSpec& c : layer_caches_) {
     // The engine's CacheKind values are the proto's (checked in graph/llama.cc).
     info->add_layer_cache_kinds(static_cast<v1::CacheKind>(c.kind));
+    if (c.kind == CacheKind::kRecurrentState) state_floats += c.state_floats;
+  }
+  if (state_floats > 0) {
+    info->set_state_slots(kv_pool_.state_slots);
+    info->set_state_bytes_per_slot(state_floats * static_cast<int64_t>(sizeof(float)));
   }
   // The bounds this rank's sampler enforces, so the router can refuse a
   // request up front instead of learning them from a rejected round.

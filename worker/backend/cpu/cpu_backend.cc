@@ -3,6 +3,7 @@
 #include <cstring>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,15 +19,19 @@ namespace {
 
 using cpu::Isa;
 
-// The KvCache geometry that holds every layer's cache: one pool, so its
-// layers must agree; paged K/V has two planes, a latent cache one plane of
-// latent_dim + rope_dim values. Recurrent state has no pool yet.
+// The KvCache geometry that holds every paged layer's cache: one pool, so
+// its layers must agree; paged K/V has two planes, a latent cache one plane
+// of latent_dim + rope_dim values. Recurrent layers have no rows in it (their
+// state is in slots), so `layers` counts the others, in layer order.
 struct PoolShape {
   int kv_heads = 0, head_dim = 0, planes = 0;
   LatentSplit split;  // latent caches: the parts of a row
+  int layers = 0;
 };
-absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches) {
-  if (caches.empty()) return absl::FailedPreconditionError("the model has no layers");
+absl::StatusOr<PoolShape> PoolShapeOf(std::vector<LayerCacheSpec> caches) {
+  std::erase_if(caches,
+                [](const LayerCacheSpec& c) { return c.kind == CacheKind::kRecurrentState; });
+  if (caches.empty()) return absl::FailedPreconditionError("the model has no attention layers");
   auto shape = [](const LayerCacheSpec& c) -> absl::StatusOr<PoolShape> {
     switch (c.kind) {
       case CacheKind::kPagedKv:
@@ -50,7 +55,21 @@ absl::StatusOr<PoolShape> PoolShapeOf(const std::vector<LayerCacheSpec>& caches)
       return absl::UnimplementedError("layers with different KV geometry share no pool");
     }
   }
+  first->layers = static_cast<int>(caches.size());
   return *first;
+}
+
+// Floats of one state slot (every recurrent layer's state, in layer order)
+// and where each layer's part starts (-1: not recurrent).
+int64_t StateLayout(const std::vector<LayerCacheSpec>& caches, std::vector<int64_t>* offsets) {
+  int64_t total = 0;
+  offsets->assign(caches.size(), -1);
+  for (size_t l = 0; l < caches.size(); ++l) {
+    if (caches[l].kind != CacheKind::kRecurrentState) continue;
+    (*offsets)[l] = total;
+    total += caches[l].state_floats;
+  }
+  return total;
 }
 
 class CpuBackend final : public Backend {
@@ -89,12 +108,25 @@ class CpuBackend final : public Backend {
     kv_.reset();
     absl::StatusOr<PoolShape> shape = PoolShapeOf(caches_);
     if (!shape.ok()) return shape.status();
-    auto kv = KvCache::Create(static_cast<int>(caches_.size()), shape->kv_heads, shape->head_dim,
-                              spec, shape->planes, shape->split);
+    auto kv = KvCache::Create(shape->layers, shape->kv_heads, shape->head_dim, spec, shape->planes,
+                              shape->split);
     if (!kv.ok()) return kv.status();
+    std::vector<int64_t> offsets;
+    const int64_t slot_floats = StateLayout(caches_, &offsets);
+    if (slot_floats > 0) {
+      if (spec.state_slots <= 0) {
+        return absl::InvalidArgumentError(
+            "the model has recurrent layers: the pool needs state slots (one per sequence)");
+      }
+      state_.assign(static_cast<size_t>(slot_floats) * spec.state_slots, 0.0f);
+    } else {
+      state_.clear();
+    }
+    ops_.set_state_pool(state_.data(), slot_floats, std::move(offsets));
     kv_ = std::move(*kv);
     ops_.set_kv_cache(kv_.get());
     kv_spec_ = spec;
+    if (slot_floats == 0) kv_spec_.state_slots = 0;
     return absl::OkStatus();
   }
 
@@ -138,7 +170,8 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   KvPoolSpec kv_spec_;
   std::unique_ptr<KvCache> kv_;
-  cpu::CpuOps ops_;  // borrows pool_, comm_ and kv_
+  std::vector<float> state_;  // [state_slots][every recurrent layer's state]
+  cpu::CpuOps ops_;           // borrows pool_, comm_, kv_ and state_
   const std::unique_ptr<ModelGraph> graph_;
   const std::vector<LayerCacheSpec> caches_;  // the graph's, fixed for its life
   const int dcp_;                             // decode context parallel world (1: off)
@@ -149,12 +182,22 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
   // A block id covers bs positions, or bs * world under context parallel.
   const int bs = block_tokens();
   std::set<std::pair<int32_t, int>> written;
+  std::set<int32_t> slots;
   for (size_t s = 0; s < round.seqs.size(); ++s) {
     const SeqStep& q = round.seqs[s];
     auto bad = [&](auto&&... parts) {
       return absl::InvalidArgumentError(absl::StrCat("round sequence ", s, ": ", parts...));
     };
     if (q.tokens.empty()) return bad("no tokens");
+    if (kv_spec_.state_slots > 0) {
+      if (q.state_slot < 0 || q.state_slot >= kv_spec_.state_slots) {
+        return bad("state slot ", q.state_slot, " outside [0, ", kv_spec_.state_slots,
+                   ") (the model has recurrent layers)");
+      }
+      if (!slots.insert(q.state_slot).second) {
+        return bad("state slot ", q.state_slot, " is used by two sequences in one round");
+      }
+    }
     if (cfg_.mtp_drafter &&
         q.hidden_in.size() != q.tokens.size() * static_cast<size_t>(cfg_.hidden)) {
       return bad("an MTP drafter needs ", q.tokens.size(), " x ", cfg_.hidden,
@@ -234,8 +277,8 @@ absl::StatusOr<int64_t> CpuKvBlockBytes(const ModelConfig& config, const TpShard
   if (caches->empty()) return absl::InvalidArgumentError("the model has no layers");
   absl::StatusOr<PoolShape> shape = PoolShapeOf(*caches);
   if (!shape.ok()) return shape.status();
-  return KvCache::BlockBytes(static_cast<int>(caches->size()), shape->kv_heads, shape->head_dim,
-                             spec, shape->planes, shape->split);
+  return KvCache::BlockBytes(shape->layers, shape->kv_heads, shape->head_dim, spec, shape->planes,
+                             shape->split);
 }
 
 }  // namespace ringlane::worker

@@ -31,6 +31,14 @@ class CpuOps final : public ComputeOps {
   // The pool the attention ops read and write (borrowed; null until the
   // backend allocates one).
   void set_kv_cache(KvCache* kv) { kv_ = kv; }
+  // The recurrent states KdaMix reads and writes (borrowed; null until the
+  // backend allocates them): slot s's state of layer l at data + s *
+  // slot_floats + layer_offset[l] (-1 for a layer without one).
+  void set_state_pool(float* data, int64_t slot_floats, std::vector<int64_t> layer_offset) {
+    state_ = data;
+    state_slot_floats_ = slot_floats;
+    state_offset_ = std::move(layer_offset);
+  }
   // Decode context parallel over the group (ComputeOps::context_parallel).
   void set_context_parallel(int rank, int world) {
     dcp_rank_ = rank;
@@ -67,6 +75,9 @@ class CpuOps final : public ComputeOps {
                    float* out) override;
   void WeightedRowSum(const float* y, const float* weights, int k, int64_t rows, int64_t dim,
                       float* out) override;
+  void KdaMix(int layer, const KdaInput& in, float* out) override;
+  void GatedRmsNorm(float* x, const float* gate, absl::Span<const float> w, int heads, int dim,
+                    float eps, int rows) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
   void Add(float* x, const float* y, int64_t n) override;
   int context_parallel() const override { return dcp_world_; }
@@ -85,6 +96,9 @@ class CpuOps final : public ComputeOps {
   const Isa isa_;
   Communicator* const comm_;
   KvCache* kv_ = nullptr;
+  float* state_ = nullptr;
+  int64_t state_slot_floats_ = 0;
+  std::vector<int64_t> state_offset_;
   int dcp_rank_ = 0;
   int dcp_world_ = 1;
   // A context-parallel rank's local count of positions [0, p]: those with
@@ -112,6 +126,8 @@ class CpuOps final : public ComputeOps {
   // IndexerSelect's keys of one sequence, [n][index dim] and transposed, and
   // one row's scores.
   std::vector<float> index_keys_, index_kt_, index_scores_;
+  // KdaMix's per-thread q, k, v, decay and delta of one head.
+  std::vector<std::vector<float>> kda_buf_;
 };
 
 }  // namespace ringlane::worker::cpu

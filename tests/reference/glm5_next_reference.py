@@ -1,0 +1,360 @@
+#!/usr/bin/python3
+"""Float64 reference forward pass for glm5_next: GLM-5 with Kimi Delta Attention layers.
+
+glm5_next is a hybrid. Each decoder layer's mixer is either Kimi Delta Attention (KDA, a gated
+delta rule with a per-channel decay; "linear_attention") or GLM-5's MLA with its DSA indexer
+("full_attention"). The MLPs/MoE, embeddings, head and MTP layer are GLM-5's. Everything
+except KDA is deepseek_reference.py's glm_moe_dsa code, imported from it. KDA is written here
+from the architecture in tests/reference/README.md ("glm5_next"), independently of the
+engine. Everything runs in torch.float64.
+
+    glm5_next_reference.py --model DIR --tokens 1,5,7 --out FILE [--dense_window N]
+                           [--kda_chunk C] [--dump_topk FILE]
+                           [--mtp_out FILE] [--mtp_draft K --mtp_next S [--mtp_draft_out FILE]]
+
+deepseek_reference.py forwards a glm5_next checkpoint here with the same arguments. The
+outputs are deepseek_reference.py's: teacher-forced logits of every position, raw
+little-endian float64 [T][vocab_size]. --kda_chunk C > 0 computes every KDA layer in the
+chunked (WY / UT transform) form, over chunks aligned to absolute positions 0, C, 2C, ...;
+0 (the default) uses the per-token recurrence. The two agree to about 1e-14 in float64.
+"""
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.dont_write_bytecode = True  # no __pycache__ left in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deepseek_reference as ds  # noqa: E402
+
+MODEL_TYPE = "glm5_next"
+LAYER_TYPES = ("linear_attention", "full_attention")
+# GLM-5.2 index sharing; not part of glm5_next (every full_attention layer runs its own indexer).
+SHARING_KEYS = ("indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset")
+
+# q and k of each KDA head are scaled by 1/sqrt(sum(x^2) + L2_NORM_EPS).
+L2_NORM_EPS = 1e-6
+
+
+# ---------------------------------------------------------------- Kimi Delta Attention
+
+
+def causal_conv(u, weight, conv_state):
+    """Depthwise causal convolution, before the SiLU.
+
+    u [T, C] holds the pre-conv inputs of T consecutive positions. weight [C, K]. conv_state
+    [K-1, C] holds the pre-conv inputs of the K-1 positions before them, oldest first, and is
+    zero before position 0. Output: y[t][c] = sum_j weight[c, j] * u[t - (K-1) + j][c], which
+    is PyTorch's Conv1d(groups=C) with K-1 zeros of left padding. Returns y [T, C] and the
+    state after the last position: its last K-1 pre-conv inputs."""
+    taps = weight.shape[-1]
+    tokens = u.shape[0]
+    padded = torch.cat((conv_state, u), 0)  # row r is position r - (K-1) relative to u's first
+    y = torch.zeros_like(u)
+    for j in range(taps):
+        y = y + padded[j : j + tokens] * weight[:, j]
+    return y, padded[padded.shape[0] - (taps - 1) :].clone()
+
+
+def l2_normalize(x):
+    """x / sqrt(sum(x^2) + 1e-6) over the last axis (one KDA head)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_NORM_EPS)
+
+
+def softplus(z):
+    """log(1 + exp(z)), exactly (no linear cut-off above 20 as torch's softplus has)."""
+    return torch.logaddexp(z, torch.zeros_like(z))
+
+
+def kda_gate(raw, a_log, lower_bound):
+    """Log decay g [..., H, D] (the decay factor of key channel d is exp(g)).
+
+    raw = f_b_proj(f_a_proj(x)) + dt_bias, split into heads; a_log [H].
+    Without a lower bound: g = -exp(A_log[h]) * softplus(raw), in (-inf, 0).
+    With lower bound lb < 0: g = lb * sigmoid(exp(A_log[h]) * raw), in (lb, 0)."""
+    a = a_log.exp()[:, None]
+    if lower_bound is None:
+        return -a * softplus(raw)
+    return lower_bound * torch.sigmoid(a * raw)
+
+
+def kda_recurrent(q, k, v, g, beta, state):
+    """The gated delta rule one position at a time.
+
+    q, k [T, H, Dk] (L2-normalised), v [T, H, Dv], g [T, H, Dk] (log decay), beta [T, H],
+    state [H, Dk, Dv] before the first position (indexed [key dim][value dim]). Per position:
+        S' = diag(exp(g_t)) S
+        S  = S' + beta_t k_t (v_t - S'^T k_t)^T
+        o_t = S^T (q_t * Dk^-0.5)
+    Returns o [T, H, Dv] and the state after the last position."""
+    tokens, heads, key_dim = q.shape
+    q = q * key_dim**-0.5
+    alpha = g.exp()
+    s = state.clone()
+    out = torch.empty(tokens, heads, v.shape[-1], dtype=torch.float64)
+    for t in range(tokens):
+        s = s * alpha[t][:, :, None]  # row i (key channel i) scaled by alpha_t[i]
+        predicted = torch.einsum("hkv,hk->hv", s, k[t])
+        s = s + beta[t][:, None, None] * k[t][:, :, None] * (v[t] - predicted)[:, None, :]
+        out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+    return out, s
+
+
+def kda_chunk(q, k, v, g, beta, state):
+    """One chunk of n positions in the chunkwise (WY / UT transform) form, from `state`.
+
+    Shapes as kda_recurrent; q is already scaled. With G_r = g_1 + ... + g_r (positions of
+    the chunk, cumulative, per key channel), the recurrence unrolls to
+        S_r = diag(exp(G_r)) S_0 + sum_{i<=r} diag(exp(G_r - G_i)) k_i u_i^T,
+    where u_r = beta_r (v_r - S'_r^T k_r) is the "pseudo-value" the delta rule writes. Putting
+    the unrolled S'_r into u_r gives a unit lower-triangular system for all u of the chunk:
+        u_r + beta_r sum_{i<r} A_ri u_i = beta_r (v_r - S_0^T (exp(G_r) * k_r)),
+        A_ri = sum_d k_r[d] k_i[d] exp(G_r[d] - G_i[d])            (i < r),
+    so with the UT transform T = (I + diag(beta) A)^-1:
+        W = T diag(beta) (exp(G) * K),   U = T diag(beta) V - W S_0,
+        O = (exp(G) * Q) S_0 + P U,     P_ri = sum_d q_r[d] k_i[d] exp(G_r[d] - G_i[d]) (i <= r),
+        S_n = diag(exp(G_n)) S_0 + (exp(G_n - G) * K)^T U.
+    Decays between positions are formed as exp of differences, masked to 0 above the diagonal
+    before the exp, so nothing overflows. Returns o [n, H, Dv] and S_n."""
+    n, heads, _ = q.shape
+    cumulative = g.cumsum(0)  # [n, H, Dk]
+    difference = cumulative[:, None] - cumulative[None, :]  # [r, i, H, Dk]: log decay after i through r
+    position = torch.arange(n)
+    inclusive = (position[None, :] <= position[:, None])[:, :, None, None]
+    strict = (position[None, :] < position[:, None])[:, :, None, None]
+    decay_inclusive = difference.masked_fill(~inclusive, -math.inf).exp()
+    decay_strict = difference.masked_fill(~strict, -math.inf).exp()
+    beta_h = beta.T[:, :, None]  # [H, n, 1]: row r scaled by beta_r
+    a = torch.einsum("rhd,ihd,rihd->hri", k, k, decay_strict) * beta_h
+    identity = torch.eye(n, dtype=torch.float64).expand(heads, n, n)
+    ut = torch.linalg.solve_triangular(identity + a, identity, upper=False, unitriangular=True)
+    from_start = cumulative.exp()  # [n, H, Dk]: decay from the chunk's start through r
+    w = ut @ (beta_h * (from_start * k).transpose(0, 1))  # [H, n, Dk]
+    u = ut @ (beta_h * v.transpose(0, 1)) - w @ state  # [H, n, Dv]
+    p = torch.einsum("rhd,ihd,rihd->hri", q, k, decay_inclusive)
+    out = (from_start * q).transpose(0, 1) @ state + p @ u  # [H, n, Dv]
+    to_end = (cumulative[-1][None] - cumulative).exp()  # [n, H, Dk]: decay after i through n
+    new_state = cumulative[-1].exp()[:, :, None] * state + torch.einsum("ihd,hiv->hdv", k * to_end, u)
+    return out.transpose(0, 1), new_state
+
+
+def kda_chunked(q, k, v, g, beta, state, chunk, start=0):
+    """kda_recurrent's result computed chunk by chunk. The first of the T positions is the
+    absolute position `start`; chunks are aligned to absolute multiples of `chunk`, so a
+    sequence resumed at position p first finishes the chunk that p falls in."""
+    if chunk < 1:
+        raise ValueError("chunk must be at least 1")
+    tokens, _, key_dim = q.shape
+    q = q * key_dim**-0.5
+    out = torch.empty(tokens, q.shape[1], v.shape[-1], dtype=torch.float64)
+    s = state.clone()
+    first = 0
+    while first < tokens:
+        stop = min(tokens, first + chunk - (start + first) % chunk)
+        out[first:stop], s = kda_chunk(q[first:stop], k[first:stop], v[first:stop], g[first:stop], beta[first:stop], s)
+        first = stop
+    return out, s
+
+
+def zero_kda_state(config):
+    """The KDA state before position 0: conv states of q, k, v ([K-1, H*D] each: the pre-conv
+    inputs of the K-1 previous positions, oldest first) and the recurrent state S [H, D, D]."""
+    channels = config.linear_num_heads * config.linear_head_dim
+    conv = torch.zeros(config.linear_conv_kernel_dim - 1, channels, dtype=torch.float64)
+    return {
+        "q": conv.clone(),
+        "k": conv.clone(),
+        "v": conv.clone(),
+        "S": torch.zeros(config.linear_num_heads, config.linear_head_dim, config.linear_head_dim, dtype=torch.float64),
+    }
+
+
+# ---------------------------------------------------------------- config
+
+
+def _reject_unsupported(raw):
+    hc_mult = raw.get("hc_mult")
+    if hc_mult not in (None, 1):
+        raise SystemExit(f"glm5_next: hc_mult {hc_mult!r} (hyper-connections) is not implemented; only 1")
+    kpool = raw.get("index_kpool")
+    if kpool not in (None, 0, 1, False):
+        raise SystemExit(f"glm5_next: index_kpool {kpool!r} (pooled indexer keys) is not implemented")
+    limit = raw.get("swiglu_limit")
+    if limit not in (None, 0, False):
+        raise SystemExit(f"glm5_next: swiglu_limit {limit!r} (clamped SwiGLU) is not implemented")
+
+
+class Config(ds.Config):
+    """glm_moe_dsa's config (parsed by deepseek_reference.Config with GLM-5's defaults) plus
+    layer_types and the KDA keys."""
+
+    def __init__(self, raw):
+        if raw.get("model_type") != MODEL_TYPE:
+            raise SystemExit(
+                f"model_type {raw.get('model_type')!r}: glm5_next_reference.py reads glm5_next "
+                "(deepseek_reference.py reads deepseek_v3, deepseek_v32 and glm_moe_dsa)"
+            )
+        _reject_unsupported(raw)
+        layers = raw["num_hidden_layers"]
+        types = raw.get("layer_types")
+        if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+            raise SystemExit(f"layer_types {types!r}: one of {LAYER_TYPES} for each of the {layers} layers")
+        self.layer_types = list(types)
+        self.linear_num_heads = int(raw["linear_num_heads"])
+        self.linear_head_dim = int(raw["linear_head_dim"])
+        kernel = raw.get("linear_conv_kernel_dim")
+        self.linear_conv_kernel_dim = 4 if kernel is None else int(kernel)
+        if self.linear_conv_kernel_dim < 1:
+            raise SystemExit(f"linear_conv_kernel_dim {kernel!r} must be at least 1")
+        lower_bound = raw.get("linear_lower_bound")
+        if lower_bound is not None:
+            lower_bound = float(lower_bound)
+            if not lower_bound < 0:
+                raise SystemExit(f"linear_lower_bound {lower_bound!r} must be negative (or null)")
+        self.linear_lower_bound = lower_bound
+        # Everything else is glm_moe_dsa's, with its defaults (indexer RoPE interleaved).
+        super().__init__(dict(raw, model_type="glm_moe_dsa"))
+        self.model_type = MODEL_TYPE
+
+    def _parse_indexer(self, raw):
+        # Called by ds.Config.__init__. No index_topk (or 0): no indexer anywhere. Otherwise every
+        # full_attention layer runs its own; GLM-5.2's index sharing is not part of glm5_next.
+        if not raw.get("index_topk"):
+            self.has_indexer = False
+            return
+        super()._parse_indexer({key: value for key, value in raw.items() if key not in SHARING_KEYS})
+        # A config may still carry GLM-5.2's sharing keys; refuse one that would make a
+        # full_attention layer "shared" (what the schedule says for linear layers is moot).
+        schedule = raw.get("indexer_types")
+        if schedule is None and raw.get("index_topk_pattern") is not None:
+            schedule = [{"F": "full", "S": "shared"}.get(c, c) for c in raw["index_topk_pattern"]]
+        if schedule is None:
+            freq = max(raw.get("index_topk_freq") or 1, 1)
+            offset = raw.get("index_skip_topk_offset")
+            offset = 2 if offset is None else offset
+            schedule = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(self.num_layers)]
+        shared = [
+            i
+            for i, t in enumerate(self.layer_types)
+            if t == "full_attention" and i < len(schedule) and schedule[i] == "shared"
+        ]
+        if shared:
+            raise SystemExit(
+                f"glm5_next: the index-sharing keys make full_attention layers {shared} 'shared'; "
+                "glm5_next runs an indexer in every full_attention layer"
+            )
+        self.indexer_types = ["full" if t == "full_attention" else "none" for t in self.layer_types]
+
+    def layer_type(self, layer):
+        """"linear_attention" or "full_attention"; the MTP layer (index num_layers) is full."""
+        return self.layer_types[layer] if layer < self.num_layers else "full_attention"
+
+    def indexer_type(self, layer):
+        """"full" for a full_attention layer (MTP included) when the model has an indexer,
+        "none" otherwise."""
+        return "full" if self.has_indexer and self.layer_type(layer) == "full_attention" else "none"
+
+
+# ---------------------------------------------------------------- forward pass
+
+
+class Reference(ds.Reference):
+    """deepseek_reference.Reference with KDA mixers in the linear_attention layers.
+    kda_chunk 0: recurrent form; C > 0: chunked form over chunks of C positions."""
+
+    def __init__(self, config, checkpoint, dense_window=2051, attention="plain", kda_chunk=0):
+        super().__init__(config, checkpoint, dense_window, attention)
+        if kda_chunk < 0:
+            raise SystemExit("--kda_chunk must be 0 (recurrent) or a chunk length")
+        self.kda_chunk = kda_chunk
+
+    def _attention(self, layer, x, cos, sin, previous_selection):
+        if self.config.layer_type(layer) == "full_attention":
+            return super()._attention(layer, x, cos, sin, previous_selection)
+        out, _ = self.kda_mixer(layer, x)
+        return out, (None, {})  # no key selection in a linear layer
+
+    def kda_weights(self, layer):
+        """A linear_attention layer's non-projection tensors as float64, in the shapes used
+        here: conv weights [H*D, K], A_log [H], dt_bias [H, D], o_norm [D]."""
+        config = self.config
+        heads, head_dim, taps = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
+        prefix = f"model.layers.{layer}.self_attn."
+        weights = {}
+        for name in ("q", "k", "v"):
+            conv = self._weight(prefix + f"{name}_conv1d.weight")
+            if conv.numel() != heads * head_dim * taps or conv.shape[0] != heads * head_dim or conv.shape[-1] != taps:
+                expected = [heads * head_dim, 1, taps]
+                raise SystemExit(f"{prefix}{name}_conv1d.weight: shape {list(conv.shape)}, expected {expected}")
+            weights[name] = conv.reshape(heads * head_dim, taps)
+        a_log = self._weight(prefix + "A_log")
+        if a_log.numel() != heads:  # stored as [H] or [1, 1, H, 1]
+            raise SystemExit(f"{prefix}A_log: shape {list(a_log.shape)}, expected {heads} elements")
+        weights["A_log"] = a_log.reshape(heads)
+        dt_bias = self._weight(prefix + "dt_bias")
+        if dt_bias.numel() != heads * head_dim:
+            raise SystemExit(f"{prefix}dt_bias: shape {list(dt_bias.shape)}, expected [{heads * head_dim}]")
+        weights["dt_bias"] = dt_bias.reshape(heads, head_dim)
+        weights["o_norm"] = self._weight(prefix + "o_norm.weight")
+        return weights
+
+    def kda_mixer(self, layer, x, state=None, start=0, chunk=None):
+        """Kimi Delta Attention of model.layers.{layer} over x = input_layernorm(h) [T, hidden]
+        at absolute positions start..start+T-1, from `state` (zero_kda_state() when None: the
+        sequence starts at `start`). chunk: None for this Reference's kda_chunk, 0 for the
+        recurrence, C for chunks of C aligned to absolute multiples of C.
+        Returns the mixer output [T, hidden] and the state after the last position."""
+        config = self.config
+        heads, head_dim = config.linear_num_heads, config.linear_head_dim
+        prefix = f"model.layers.{layer}.self_attn."
+        tokens = x.shape[0]
+        state = zero_kda_state(config) if state is None else state
+        chunk = self.kda_chunk if chunk is None else chunk
+        weights = self.kda_weights(layer)
+        new_state = {}
+        streams = {}
+        for name in ("q", "k", "v"):
+            u = self._linear(prefix + f"{name}_proj", x)
+            y, new_state[name] = causal_conv(u, weights[name], state[name])
+            streams[name] = torch.nn.functional.silu(y).view(tokens, heads, head_dim)
+        q, k, v = l2_normalize(streams["q"]), l2_normalize(streams["k"]), streams["v"]
+        raw = self._linear(prefix + "f_b_proj", self._linear(prefix + "f_a_proj", x)).view(tokens, heads, head_dim)
+        g = kda_gate(raw + weights["dt_bias"], weights["A_log"], config.linear_lower_bound)
+        beta = torch.sigmoid(self._linear(prefix + "b_proj", x))  # [T, H]
+        if chunk:
+            out, new_state["S"] = kda_chunked(q, k, v, g, beta, state["S"], chunk, start)
+        else:
+            out, new_state["S"] = kda_recurrent(q, k, v, g, beta, state["S"])
+        gate = self._linear(prefix + "g_b_proj", self._linear(prefix + "g_a_proj", x)).view(tokens, heads, head_dim)
+        out = ds.rms_norm(out, weights["o_norm"], config.rms_norm_eps) * torch.sigmoid(gate)
+        return self._linear(prefix + "o_proj", out.reshape(tokens, heads * head_dim)), new_state
+
+
+def load(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = Config(json.load(f))
+    return config, ds.Checkpoint(model_dir, config.weight_block_size)
+
+
+def main(argv=None):
+    parser = ds.build_parser(__doc__)
+    parser.add_argument(
+        "--kda_chunk",
+        type=int,
+        default=0,
+        metavar="C",
+        help="compute KDA layers in chunks of C positions aligned to multiples of C (default 0: recurrent)",
+    )
+    args = parser.parse_args(argv)
+    if args.kda_chunk < 0:
+        parser.error("--kda_chunk must be 0 (recurrent) or a chunk length")
+    config, checkpoint = load(args.model)
+    reference = Reference(config, checkpoint, args.dense_window, kda_chunk=args.kda_chunk)
+    return ds.run_cli(args, config, checkpoint, reference)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
