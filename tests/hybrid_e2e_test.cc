@@ -1,10 +1,11 @@
 // GLM-5.3-Flash's hybrid (glm5_next: Kimi Delta Attention layers with a
 // recurrent state per lane beside NoPE MLA) through a real worker daemon and
 // the router: five concurrent requests, more than the worker has state
-// slots, give each request's solo tokens and logprobs bit for bit; an
-// identical resend gives the same output and reports no cached tokens (a
-// state cannot resume from KV blocks without a checkpoint); drafting is off
-// for it even when the router is asked to speculate.
+// slots, give each request's solo tokens and logprobs bit for bit, and as
+// identical resends they resume from the state checkpoint of their longest
+// cached prefix (reported as cached tokens: a multiple of the checkpoint
+// interval); drafting is off for it even when the router is asked to
+// speculate.
 #include <unistd.h>
 
 #include <string>
@@ -39,7 +40,8 @@ std::string HybridModel() {
 
 TEST(HybridE2e, ConcurrentEqualsSoloBeyondTheStateSlotsAndResendsAgree) {
   testing::ClusterOptions co;
-  co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20"};
+  co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
+                     "--state_checkpoint_interval=16"};
   // Asked to speculate: the group's recurrent layers turn drafting off.
   co.router_flags = {"--spec_drafters=ngram,suffix", "--round_token_budget=24", "--max_lanes=8"};
   auto c = testing::StartCluster(co);
@@ -76,8 +78,11 @@ TEST(HybridE2e, ConcurrentEqualsSoloBeyondTheStateSlotsAndResendsAgree) {
     EXPECT_EQ(together[i].choices.at(0).ids, solo[i].choices.at(0).ids);
     EXPECT_EQ(together[i].choices.at(0).logprobs, solo[i].choices.at(0).logprobs);
     EXPECT_EQ(together[i].choices.at(0).top_logprobs, solo[i].choices.at(0).top_logprobs);
-    // The resend recomputed its prompt, and says so.
-    EXPECT_EQ(together[i].usage.cached_tokens(), 0);
+    // The resend resumed from the checkpoint after its last cached block
+    // (the last prompt token is always computed), and says so.
+    const int64_t prompt = requests[i].token_ids().ids_size();
+    EXPECT_EQ(together[i].usage.cached_tokens(), (prompt - 1) / 16 * 16);
+    EXPECT_EQ(solo[i].usage.cached_tokens(), 0);
   }
 }
 
@@ -91,6 +96,11 @@ TEST(HybridE2e, WorkerRefusesWhatNeedsStateCheckpoints) {
   r = testing::RunToExit(testing::kWorkerBin, {model, "--state_slots=0", "--listen=127.0.0.1:0"});
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--state_slots"));
+  // Checkpoints sit on block boundaries (16 positions here).
+  r = testing::RunToExit(testing::kWorkerBin,
+                         {model, "--state_checkpoint_interval=24", "--listen=127.0.0.1:0"});
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--state_checkpoint_interval"));
 }
 
 }  // namespace

@@ -46,6 +46,11 @@ struct KvPoolSpec {
   // Models with recurrent layers: sequences that can hold a state at once
   // (SeqStep::state_slot), each a float32 slot of every such layer's state.
   int state_slots = 0;
+  // ... and checkpoints of such a state (SeqStep::restore_checkpoint,
+  // state_saves), each the size of a slot; the router asks for them at
+  // multiples of state_checkpoint_interval positions (advertised only).
+  int state_checkpoints = 0;
+  int64_t state_checkpoint_interval = 0;
 };
 
 class KvCache {

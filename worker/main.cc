@@ -83,6 +83,12 @@ ABSL_FLAG(int, metrics_port, -1,
 ABSL_FLAG(int, state_slots, 16,
           "models with recurrent (linear-attention) layers: lanes that can hold a state at once "
           "(each a float32 copy of every such layer's state; the router admits no more)");
+ABSL_FLAG(int, state_checkpoints, 64,
+          "models with recurrent layers: checkpoints of a lane's state the worker keeps for "
+          "prefix hits (each the size of a state slot); 0 = none, and no prefix is reused");
+ABSL_FLAG(int, state_checkpoint_interval, 256,
+          "models with recurrent layers: positions between state checkpoints, a multiple of "
+          "--block_size (a prefix hit resumes from the last checkpoint at or before it)");
 ABSL_FLAG(int, kv_blocks, 0,
           "KV pool size in blocks; 0 = enough for 4 sequences of the "
           "model's full context");
@@ -260,6 +266,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_state_slots) < 1 || absl::GetFlag(FLAGS_state_slots) > 4096) {
     ExitWithUsageError("--state_slots must be in [1, 4096]");
   }
+  if (absl::GetFlag(FLAGS_state_checkpoints) < 0 ||
+      absl::GetFlag(FLAGS_state_checkpoints) > 65536) {
+    ExitWithUsageError("--state_checkpoints must be in [0, 65536]");
+  }
   int kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   if (kv_blocks < 0) ExitWithUsageError("--kv_blocks must be >= 0");
   auto kv_dtype = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_kv_dtype));
@@ -358,7 +368,18 @@ int main(int argc, char** argv) {
   // them on each rank under context parallel.
   const int block_tokens = block_size * (dcp ? world : 1);
   if (kv_blocks == 0) kv_blocks = 4 * ((context + block_tokens - 1) / block_tokens);
-  const rw::KvPoolSpec pool{kv_blocks, block_size, *kv_dtype, absl::GetFlag(FLAGS_state_slots)};
+  const int checkpoint_interval = absl::GetFlag(FLAGS_state_checkpoint_interval);
+  if (checkpoint_interval <= 0 || checkpoint_interval % block_tokens != 0) {
+    ExitWithUsageError(absl::StrCat("--state_checkpoint_interval (", checkpoint_interval,
+                                    ") must be a positive multiple of the block's ", block_tokens,
+                                    " tokens"));
+  }
+  const rw::KvPoolSpec pool{kv_blocks,
+                            block_size,
+                            *kv_dtype,
+                            absl::GetFlag(FLAGS_state_slots),
+                            absl::GetFlag(FLAGS_state_checkpoints),
+                            checkpoint_interval};
   rw::KvPoolSpec info_pool = pool;
   info_pool.block_size = block_tokens;
   absl::StatusOr<int64_t> block_bytes_or = rw::KvBlockBytes(backend, cfg, shard->shard, pool);
@@ -390,10 +411,13 @@ int main(int argc, char** argv) {
   }
   if (state_bytes_per_slot > 0) {
     RL_LOG(INFO) << absl::StrFormat(
-        "recurrent state: %d slots x %.2f MiB (every linear-attention layer's state of a lane), "
-        "%.1f MiB; the router admits at most %d lanes",
-        pool.state_slots, static_cast<double>(state_bytes_per_slot) / (1 << 20),
-        static_cast<double>(state_bytes_per_slot) * pool.state_slots / (1 << 20), pool.state_slots);
+        "recurrent state: %d slots and %d checkpoints (every %d positions) x %.2f MiB (every "
+        "linear-attention layer's state of a lane), %.1f MiB; the router admits at most %d lanes",
+        pool.state_slots, pool.state_checkpoints, checkpoint_interval,
+        static_cast<double>(state_bytes_per_slot) / (1 << 20),
+        static_cast<double>(state_bytes_per_slot) * (pool.state_slots + pool.state_checkpoints) /
+            (1 << 20),
+        pool.state_slots);
   }
 
   // The draft model runs on rank 0 only, whole; the others need not load it.
@@ -432,8 +456,9 @@ int main(int argc, char** argv) {
   rw::WorkerMetrics metrics(*registry, model_id, group_name, rank);
   metrics.kv_pool_blocks->Set(kv_blocks);
   metrics.state_slots->Set(state_bytes_per_slot > 0 ? pool.state_slots : 0);
-  metrics.state_bytes->Set(static_cast<double>(state_bytes_per_slot) *
-                           (state_bytes_per_slot > 0 ? pool.state_slots : 0));
+  metrics.state_bytes->Set(
+      static_cast<double>(state_bytes_per_slot) *
+      (state_bytes_per_slot > 0 ? pool.state_slots + pool.state_checkpoints : 0));
   std::unique_ptr<prometheus::Exposer> exposer;
   if (metrics_port >= 0) {
     try {

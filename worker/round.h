@@ -31,6 +31,15 @@ struct SeqStep {
   // (reset when start_position is 0), and holds it after the last token once
   // the round has run. No two sequences of a round share a slot. -1: none.
   int32_t state_slot = -1;
+  // With state_slot: copy this checkpoint (which must hold the state after
+  // position start_position - 1) into the slot before the round runs; -1:
+  // none. And save the state after tokens[offset] into checkpoint `slot`.
+  int32_t restore_checkpoint = -1;
+  struct StateSave {
+    int32_t offset = 0;
+    int32_t slot = 0;
+  };
+  std::vector<StateSave> state_saves;
 };
 
 // Copy KV block `src` onto `dst` (every layer, every slot) before the

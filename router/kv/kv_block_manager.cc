@@ -100,6 +100,15 @@ absl::StatusOr<std::unique_ptr<KvBlockManager>> KvBlockManager::Create(Options o
   }
   if (id.model_id.empty()) return absl::InvalidArgumentError("model_id is empty");
   if (id.kv_dtype.empty()) return absl::InvalidArgumentError("kv_dtype is empty");
+  if (options.state_checkpoints < 0 ||
+      (options.state_checkpoints > 0 &&
+       (options.checkpoint_interval <= 0 ||
+        options.checkpoint_interval % id.block_size_tokens != 0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state checkpoints (", options.state_checkpoints, ") need an interval (",
+        options.checkpoint_interval, ") that is a positive multiple of the block size (",
+        id.block_size_tokens, ")"));
+  }
   if (options.hash_bits_for_testing < 0 || options.hash_bits_for_testing > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("hash bits must be in 0..128, got ", options.hash_bits_for_testing));
@@ -115,6 +124,8 @@ KvBlockManager::KvBlockManager(Options options)
       max_recorded_registrations_(options.max_recorded_registrations),
       reuse_partial_(options.reuse_partial_blocks),
       reuse_prefixes_(options.reuse_prefixes),
+      state_checkpoints_(options.state_checkpoints),
+      checkpoint_interval_(options.checkpoint_interval),
       root_(Truncate(ChainRoot(identity_), hash_bits_)),
       blocks_(num_blocks_) {
   Reset();
@@ -156,6 +167,14 @@ KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> token
     }
     match.block_ids.push_back(it->second);
     link = Link{.block = it->second, .generation = b.generation};
+  }
+  if (state_checkpoints_ > 0) {
+    // A recurrent state resumes only where a checkpoint of it was kept.
+    while (!match.block_ids.empty() && blocks_[match.block_ids.back()].checkpoint < 0) {
+      match.block_ids.pop_back();
+    }
+    match.cached_tokens = static_cast<int64_t>(match.block_ids.size()) * block_size_;
+    return match;
   }
   match.cached_tokens = static_cast<int64_t>(match.block_ids.size()) * block_size_;
   if (!partial) return match;
@@ -252,8 +271,66 @@ BlockId KvBlockManager::TakeBlock() {
     Unregister(id);
     ++counters_.evictions;
   }
+  DropCheckpoint(id);
   blocks_[id].ref_count = 1;
   return id;
+}
+
+void KvBlockManager::DropCheckpoint(BlockId id) {
+  Block& b = blocks_[id];
+  if (b.checkpoint < 0) return;
+  CheckpointSlot& c = checkpoint_slots_[static_cast<size_t>(b.checkpoint)];
+  c.block = -1;
+  checkpoint_lru_.erase(c.lru_pos);
+  c.lru_pos = checkpoint_lru_.insert(checkpoint_lru_.begin(), b.checkpoint);  // reused first
+  b.checkpoint = -1;
+}
+
+void KvBlockManager::TouchCheckpoint(int32_t slot) {
+  CheckpointSlot& c = checkpoint_slots_[static_cast<size_t>(slot)];
+  checkpoint_lru_.splice(checkpoint_lru_.end(), checkpoint_lru_, c.lru_pos);
+}
+
+int32_t KvBlockManager::TakeResumeCheckpoint(LaneId lane) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end() || it->second.resume_checkpoint < 0) return -1;
+  const int32_t slot = it->second.resume_checkpoint;
+  --checkpoint_slots_[static_cast<size_t>(slot)].pins;
+  it->second.resume_checkpoint = -1;
+  return slot;
+}
+
+absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t position) {
+  auto it = lanes_.find(lane);
+  if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
+  const Lane& l = it->second;
+  if (state_checkpoints_ == 0 || position <= 0 || position % checkpoint_interval_ != 0 ||
+      position > static_cast<int64_t>(l.blocks.size()) * block_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no state checkpoint at position ", position, " of lane ", lane));
+  }
+  const BlockId id = l.blocks[static_cast<size_t>(position / block_size_ - 1)];
+  Block& b = blocks_[id];
+  if (b.checkpoint >= 0) {
+    TouchCheckpoint(b.checkpoint);
+    return b.checkpoint;
+  }
+  // The least recently used slot no pending resume needs (free ones sit at
+  // the front).
+  for (int32_t slot : checkpoint_lru_) {
+    CheckpointSlot& c = checkpoint_slots_[static_cast<size_t>(slot)];
+    if (c.pins > 0) continue;
+    if (c.block >= 0) {
+      blocks_[c.block].checkpoint = -1;
+      ++counters_.checkpoint_evictions;
+    }
+    c.block = id;
+    b.checkpoint = slot;
+    TouchCheckpoint(slot);
+    ++counters_.checkpoints_saved;
+    return slot;
+  }
+  return -1;
 }
 
 void KvBlockManager::Unregister(BlockId id) {
@@ -312,6 +389,11 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
 
   Lane& l = lanes_[lane];
   l.chain_hash = root_;
+  if (state_checkpoints_ > 0 && !match.block_ids.empty()) {
+    l.resume_checkpoint = blocks_[match.block_ids.back()].checkpoint;
+    ++checkpoint_slots_[static_cast<size_t>(l.resume_checkpoint)].pins;
+    TouchCheckpoint(l.resume_checkpoint);
+  }
   for (BlockId id : match.block_ids) {
     Block& b = blocks_[id];
     if (b.ref_count++ == 0) lru_.erase(b.lru_pos);
@@ -488,6 +570,7 @@ absl::Status KvBlockManager::Release(LaneId lane) {
   auto it = lanes_.find(lane);
   if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
   const Lane& l = it->second;
+  if (l.resume_checkpoint >= 0) --checkpoint_slots_[static_cast<size_t>(l.resume_checkpoint)].pins;
   const std::vector<BlockId>& table = l.blocks;
   // A block past the committed ones that holds committed tokens stays cached
   // as partial, unless nothing could reach it or another block has it all.
@@ -525,6 +608,12 @@ void KvBlockManager::Reset() {
   copies_.clear();
   partial_count_ = 0;
   for (Block& b : blocks_) b = Block{};
+  checkpoint_lru_.clear();
+  checkpoint_slots_.assign(static_cast<size_t>(state_checkpoints_), CheckpointSlot{});
+  for (int32_t k = 0; k < state_checkpoints_; ++k) {
+    checkpoint_slots_[static_cast<size_t>(k)].lru_pos =
+        checkpoint_lru_.insert(checkpoint_lru_.end(), k);
+  }
   // Descending, so that the stack hands out block 0 first.
   for (BlockId id = num_blocks_ - 1; id >= 0; --id) free_.push_back(id);
   ++counters_.resets;

@@ -79,6 +79,10 @@ struct KvBlockStats {
   int32_t partial_blocks = 0;      // registered partly filled blocks (not in cached_blocks)
   int64_t partial_hit_tokens = 0;  // of hit_tokens, those served from a block's first slots
   int64_t block_copies = 0;        // copy-on-write copies handed to TakeCopies
+  // State checkpoints (Options::state_checkpoints): slots handed to a block,
+  // and those taken from another block to do so.
+  int64_t checkpoints_saved = 0;
+  int64_t checkpoint_evictions = 0;
 };
 
 // Tracks which KV blocks each lane holds in one worker group's pool, which
@@ -143,9 +147,16 @@ class KvBlockManager {
     // block (see above); off: only whole blocks are reused.
     bool reuse_partial_blocks = false;
     // Off: no prefix is ever a hit (every lane computes from position 0).
-    // For models with recurrent layers, whose state can resume only at a
-    // checkpoint of it, which the workers do not keep yet.
+    // For models with recurrent layers whose workers keep no checkpoints.
     bool reuse_prefixes = true;
+    // Models with recurrent layers (glm5_next): the workers keep this many
+    // state checkpoints, slots [0, state_checkpoints), each the state after
+    // a position that is a multiple of checkpoint_interval (a multiple of
+    // the block size, decoupled from it). A checkpoint belongs to the block
+    // that ends at its position, and a prefix hit ends at the last matched
+    // block that has one (no token-granular hits). 0: no checkpoints.
+    int32_t state_checkpoints = 0;
+    int64_t checkpoint_interval = 0;
   };
 
   // InvalidArgument for a non-positive num_blocks, block size or TP size, an
@@ -192,6 +203,20 @@ class KvBlockManager {
   // The copies queued by Allocate since the last call, in order. The plan
   // being built must carry them: its rows may read their destinations.
   std::vector<BlockCopy> TakeCopies();
+
+  // With state checkpoints: the checkpoint `lane`'s first row restores its
+  // state from (LaneStep.resume_checkpoint), when Allocate found a hit, once
+  // (-1 after, and without one). The slot is kept from eviction until then.
+  int32_t TakeResumeCheckpoint(LaneId lane);
+  // With state checkpoints: the slot a row of `lane` that runs through
+  // `position` (a positive multiple of checkpoint_interval its table covers)
+  // saves the state into, now the checkpoint of the block ending there: a
+  // free slot, else the least recently used one's (its block loses it).
+  // -1 when every slot is pinned by a pending resume. InvalidArgument for
+  // another position, NotFound for an unknown lane.
+  absl::StatusOr<int32_t> CheckpointFor(LaneId lane, int64_t position);
+  bool checkpoints() const { return state_checkpoints_ > 0; }
+  int64_t checkpoint_interval() const { return checkpoint_interval_; }
 
   // Grows `lane`'s table to cover positions [0, num_positions); a smaller
   // value changes nothing (only TrimSlots shrinks a table). Errors,
@@ -290,6 +315,9 @@ class KvBlockManager {
     uint64_t generation = 0;
     std::vector<int32_t> tokens;
     std::list<BlockId>::iterator lru_pos;  // valid while registered and unreferenced
+    // The state checkpoint slot holding the state after this block's last
+    // position (-1: none); dropped when the block is handed out again.
+    int32_t checkpoint = -1;
   };
 
   struct Lane {
@@ -304,6 +332,8 @@ class KvBlockManager {
     bool chain_open = true;
     // Committed tokens past the committed blocks (in blocks[committed_blocks]).
     std::vector<int32_t> tail;
+    // The checkpoint its first row restores (TakeResumeCheckpoint), pinned.
+    int32_t resume_checkpoint = -1;
   };
 
   // Registered blocks by what they continue: (parent registration, first
@@ -358,6 +388,8 @@ class KvBlockManager {
   const size_t max_recorded_registrations_;
   const bool reuse_partial_;
   const bool reuse_prefixes_;
+  const int32_t state_checkpoints_;
+  const int64_t checkpoint_interval_;
   const BlockHash root_;
 
   std::vector<Block> blocks_;
@@ -368,6 +400,17 @@ class KvBlockManager {
   std::unordered_map<BlockHash, BlockId, HashHasher> index_;
   std::unordered_map<LaneId, Lane> lanes_;
   std::unordered_map<ChildKey, std::vector<BlockId>, ChildKeyHasher> children_;
+  // State checkpoint slots: which block each belongs to (-1: free), how many
+  // pending resumes pin it, and their use order (least recent first).
+  struct CheckpointSlot {
+    BlockId block = -1;
+    int32_t pins = 0;
+    std::list<int32_t>::iterator lru_pos;
+  };
+  std::vector<CheckpointSlot> checkpoint_slots_;
+  std::list<int32_t> checkpoint_lru_;
+  void DropCheckpoint(BlockId id);
+  void TouchCheckpoint(int32_t slot);
   std::vector<BlockCopy> copies_;  // for TakeCopies
   int32_t partial_count_ = 0;
   uint64_t next_generation_ = 1;

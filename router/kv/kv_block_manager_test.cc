@@ -783,5 +783,115 @@ TEST(KvBlockManagerPartialTest, CommitTailRecordsWhatReleaseKeeps) {
   EXPECT_EQ(plain->stats().free_blocks, 4);
 }
 
+// State checkpoints (models with recurrent layers): a hit ends at the last
+// matched block whose end has a checkpoint, the lane's first row gets it
+// once, a slot pinned by a pending resume is never handed on, and the least
+// recently used slot is handed on when none is free (its block's hit ends
+// earlier from then on).
+std::unique_ptr<KvBlockManager> MakeWithCheckpoints(int32_t num_blocks, int32_t checkpoints,
+                                                    int64_t interval) {
+  auto m = KvBlockManager::Create({.num_blocks = num_blocks,
+                                   .identity = Identity(),
+                                   .reuse_partial_blocks = true,
+                                   .state_checkpoints = checkpoints,
+                                   .checkpoint_interval = interval});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TEST(KvBlockManagerCheckpointTest, HitsEndAtTheLastCheckpoint) {
+  EXPECT_FALSE(KvBlockManager::Create({.num_blocks = 8,
+                                       .identity = Identity(),
+                                       .state_checkpoints = 2,
+                                       .checkpoint_interval = kB + 1})
+                   .ok());
+  auto m = MakeWithCheckpoints(32, 4, 2 * kB);
+  const std::vector<int32_t> prompt = Seq(7 * kB + 1, 100);
+  ASSERT_TRUE(m->Allocate(1, prompt, prompt.size()).ok());
+  EXPECT_EQ(m->TakeResumeCheckpoint(1), -1);
+  // The rows ran through positions 2B and 4B (not 6B: no checkpoint asked).
+  absl::StatusOr<int32_t> a = m->CheckpointFor(1, 2 * kB);
+  absl::StatusOr<int32_t> b = m->CheckpointFor(1, 4 * kB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_FALSE(m->CheckpointFor(1, 3 * kB).ok()) << "not a multiple of the interval";
+  EXPECT_FALSE(m->CheckpointFor(1, 10 * kB).ok()) << "beyond the lane's table";
+  ASSERT_TRUE(m->CommitFullBlocks(1, prompt).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  // Seven full blocks are cached; the hit ends at 4B, where the state is.
+  absl::StatusOr<int64_t> cached = m->Allocate(2, prompt, prompt.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 4 * kB);
+  EXPECT_EQ(m->TakeResumeCheckpoint(2), *b);
+  EXPECT_EQ(m->TakeResumeCheckpoint(2), -1) << "once";
+  ASSERT_TRUE(m->Release(2).ok());
+  // No token-granular hits: a prompt that ends inside a block matches the
+  // full blocks up to its checkpoint only.
+  std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + 4 * kB + 2);
+  cached = m->Allocate(3, shorter, shorter.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 4 * kB);
+  EXPECT_TRUE(m->TakeCopies().empty());
+  ASSERT_TRUE(m->Release(3).ok());
+}
+
+TEST(KvBlockManagerCheckpointTest, PinnedSlotsAreKeptAndTheOldestIsHandedOn) {
+  auto m = MakeWithCheckpoints(64, 2, kB);
+  const std::vector<int32_t> p1 = Seq(2 * kB + 1, 0), p2 = Seq(2 * kB + 1, 1000);
+  ASSERT_TRUE(m->Allocate(1, p1, p1.size()).ok());
+  absl::StatusOr<int32_t> s1 = m->CheckpointFor(1, kB), s2 = m->CheckpointFor(1, 2 * kB);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, p1).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  // Lane 2 resumes at 2B and pins that slot until its first row.
+  absl::StatusOr<int64_t> cached = m->Allocate(2, p1, p1.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 2 * kB);
+  // Another prompt's checkpoints: only the unpinned slot can be handed on
+  // (even from the lane's own last checkpoint: it is the oldest unpinned).
+  ASSERT_TRUE(m->Allocate(3, p2, p2.size()).ok());
+  absl::StatusOr<int32_t> t1 = m->CheckpointFor(3, kB);
+  ASSERT_TRUE(t1.ok());
+  EXPECT_EQ(*t1, *s1);
+  absl::StatusOr<int32_t> t2 = m->CheckpointFor(3, 2 * kB);
+  ASSERT_TRUE(t2.ok());
+  EXPECT_EQ(*t2, *s1);
+  EXPECT_EQ(m->TakeResumeCheckpoint(2), *s2);
+  // Unpinned now: handed on to lane 3's first block; p1's chain has none
+  // left.
+  t1 = m->CheckpointFor(3, kB);
+  ASSERT_TRUE(t1.ok());
+  EXPECT_EQ(*t1, *s2);
+  ASSERT_TRUE(m->Release(2).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(3, p2).ok());
+  ASSERT_TRUE(m->Release(3).ok());
+  cached = m->Allocate(4, p1, p1.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 0);
+  EXPECT_EQ(m->TakeResumeCheckpoint(4), -1);
+  ASSERT_TRUE(m->Release(4).ok());
+  cached = m->Allocate(5, p2, p2.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 2 * kB);
+  EXPECT_EQ(m->TakeResumeCheckpoint(5), *s1);
+  EXPECT_EQ(m->stats().checkpoints_saved, 5);
+  EXPECT_EQ(m->stats().checkpoint_evictions, 3);
+}
+
+TEST(KvBlockManagerCheckpointTest, AReusedBlockLosesItsCheckpoint) {
+  auto m = MakeWithCheckpoints(2, 4, kB);  // two blocks: every new prompt evicts
+  const std::vector<int32_t> p1 = Seq(kB + 1, 0), p2 = Seq(kB + 1, 500);
+  ASSERT_TRUE(m->Allocate(1, p1, p1.size()).ok());
+  ASSERT_TRUE(m->CheckpointFor(1, kB).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, p1).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  ASSERT_TRUE(m->Allocate(2, p2, p2.size()).ok());  // takes p1's blocks
+  ASSERT_TRUE(m->Release(2).ok());
+  absl::StatusOr<int64_t> cached = m->Allocate(3, p1, p1.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 0);
+  EXPECT_EQ(m->TakeResumeCheckpoint(3), -1);
+}
+
 }  // namespace
 }  // namespace ringlane::router

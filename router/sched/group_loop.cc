@@ -167,15 +167,20 @@ bool GroupLoop::Connect() {
   o.identity.kv_dtype = DTypeName(info.kv_dtype());
   o.identity.block_size_tokens = info.block_size_tokens();
   o.identity.tp_world_size = info.tp_world_size();
-  // A model with recurrent layers resumes only where a lane's own state
-  // stands: no prefix hits, no kvstore, no drafts (rejected ones would
-  // advance the state), and no more lanes than the workers have state slots.
+  // A model with recurrent layers resumes only where its state was kept: a
+  // prefix hit ends at a state checkpoint (none without them), on a block
+  // boundary; no kvstore and no drafts yet (rejected ones would advance the
+  // state), and no more lanes than the workers have state slots.
   const bool recurrent = info.state_slots() > 0;
   const bool tiered = !recurrent && !info.kvstore_address().empty() &&
                       (options_.kv_tiering.offload || options_.kv_tiering.restore);
-  o.reuse_prefixes = !recurrent;
   if (tiered) o.max_recorded_registrations = options_.kv_tiering.max_pending_offloads;
-  o.reuse_partial_blocks = options_.partial_block_reuse && info.kv_block_copies();
+  o.reuse_partial_blocks = options_.partial_block_reuse && info.kv_block_copies() && !recurrent;
+  o.reuse_prefixes = !recurrent || info.state_checkpoints() > 0;
+  if (recurrent) {
+    o.state_checkpoints = info.state_checkpoints();
+    o.checkpoint_interval = info.state_checkpoint_interval();
+  }
   auto kv = KvBlockManager::Create(o);
   if (!kv.ok()) {
     absl::MutexLock l(&mu_);
@@ -202,9 +207,11 @@ bool GroupLoop::Connect() {
     planner_.max_drafts = 0;
     RL_LOG(INFO) << "worker group " << options_.index << ": recurrent layers, "
                  << info.state_slots() << " state slots of " << info.state_bytes_per_slot()
-                 << " bytes; at most " << planner_.max_lanes
-                 << " lanes, no prefix reuse, kvstore or speculative decoding (they need state "
-                    "checkpoints)";
+                 << " bytes; at most " << planner_.max_lanes << " lanes; "
+                 << info.state_checkpoints() << " state checkpoints every "
+                 << info.state_checkpoint_interval()
+                 << " positions, prefix hits resume from them; no kvstore or speculative "
+                    "decoding yet";
   }
   epoch_ = info.group_epoch();
   ready_ = true;

@@ -61,6 +61,10 @@ class Planning {
                     std::vector<std::string>* masks) const;
   void PrefetchMasks(const std::function<bool(const Lane&)>& wants_row);
   void Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t drafts);
+  // Models with recurrent layers: the checkpoint a lane's first row resumes
+  // from, and the checkpoints a row saves at the interval's multiples it
+  // runs through.
+  void AddStateCheckpoints(const Lane& lane, v1::LaneStep* row);
 
   SchedState& s_;
   KvBlockManager& kv_;
@@ -192,7 +196,24 @@ void Planning::AddPrefill(Lane& lane, int64_t chunk) {
                     absl::MakeConstSpan(lane.seq.data() + lane.fed, static_cast<size_t>(chunk)),
                     samples, *kv_.BlockTable(lane.id), block_size_);
   for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
+  AddStateCheckpoints(lane, row);
   Account(lane, row, chunk, 0);
+}
+
+void Planning::AddStateCheckpoints(const Lane& lane, v1::LaneStep* row) {
+  if (!kv_.checkpoints()) return;
+  if (const int32_t slot = kv_.TakeResumeCheckpoint(lane.id); slot >= 0) {
+    row->set_resume_checkpoint(slot);
+  }
+  const int64_t every = kv_.checkpoint_interval();
+  const int64_t start = row->start_position(), end = start + RowTokens(*row);
+  for (int64_t p = (start / every + 1) * every; p <= end; p += every) {
+    absl::StatusOr<int32_t> slot = kv_.CheckpointFor(lane.id, p);
+    if (!slot.ok() || *slot < 0) continue;  // every slot pinned: no checkpoint this time
+    v1::StateCheckpoint* c = row->add_state_checkpoints();
+    c->set_position(p);
+    c->set_slot(*slot);
+  }
 }
 
 void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts,
@@ -200,6 +221,7 @@ void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts,
   v1::LaneStep* row =
       AddDecodeRow(plan_, lane.id, lane.fed, drafts, *kv_.BlockTable(lane.id), block_size_);
   for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
+  AddStateCheckpoints(lane, row);
   Account(lane, row, 1 + static_cast<int64_t>(drafts.size()), static_cast<int64_t>(drafts.size()));
 }
 

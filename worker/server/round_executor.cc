@@ -114,14 +114,28 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
     if (row.start_position() < 0) return bad("negative start_position");
     if (backend_->kv_pool().state_slots > 0 && n > 0) {
       // A recurrent state only moves forward: a row must continue exactly
-      // where the lane's state stands (a new lane from position 0). Prefix
-      // reuse and rejected drafts need state checkpoints, not built yet.
-      const int64_t at = known ? it->second->state_position : 0;
+      // where the lane's state stands, a new lane from position 0 or from
+      // the checkpoint it resumes (the backend checks the checkpoint holds
+      // that position). Rejected drafts would need per-draft states.
+      if (row.has_resume_checkpoint() && known) {
+        return bad("resume_checkpoint on a lane that already has a state");
+      }
+      const int64_t at = known                         ? it->second->state_position
+                         : row.has_resume_checkpoint() ? row.start_position()
+                                                       : 0;
       if (row.start_position() != at) {
         return bad(absl::StrCat("start_position ", row.start_position(),
                                 " but this model's recurrent state stands at position ", at,
                                 " (resuming elsewhere needs a state checkpoint)"));
       }
+      for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
+        if (c.position() <= row.start_position() || c.position() > row.start_position() + n) {
+          return bad(absl::StrCat("state checkpoint at position ", c.position(),
+                                  " outside the row's positions"));
+        }
+      }
+    } else if (row.has_resume_checkpoint() || row.state_checkpoints_size() > 0) {
+      return bad("state checkpoints for a model without recurrent state (or a row without tokens)");
     }
     if (row.propose_drafts() < 0 || row.propose_drafts() > kMaxProposeDraftsField) {
       return bad(absl::StrCat("propose_drafts must be in [0, ", kMaxProposeDraftsField, "]"));
@@ -235,6 +249,11 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       auto known = lanes_.find(row.lane_id());
       s.state_slot =
           known != lanes_.end() ? known->second->state_slot : new_slots.at(row.lane_id());
+      if (row.has_resume_checkpoint()) s.restore_checkpoint = row.resume_checkpoint();
+      for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
+        s.state_saves.push_back(
+            {static_cast<int32_t>(c.position() - row.start_position() - 1), c.slot()});
+      }
     }
     if (row.sample_last()) {
       s.logit_offsets.push_back(static_cast<int32_t>(s.tokens.size() - 1));

@@ -357,6 +357,7 @@ TEST(RecurrentStateSlots, LanesTakeAndReturnSlotsAndRowsMustContinueTheState) {
   EXPECT_THAT(std::string((*b)->AllocateKvPool(kPool).message()), HasSubstr("state slots"));
   KvPoolSpec pool = kPool;
   pool.state_slots = 1;
+  pool.state_checkpoints = 2;
   ASSERT_TRUE((*b)->AllocateKvPool(pool).ok());
   RoundExecutor exec(b->get(), /*rank=*/0);
   uint64_t round_id = 0;
@@ -384,9 +385,12 @@ TEST(RecurrentStateSlots, LanesTakeAndReturnSlotsAndRowsMustContinueTheState) {
     EXPECT_TRUE(r.ok()) << r.status();
     return *r;
   };
-  // The prompt in one row, the reference.
+  // The prompt in one row, the reference; it saves its state after 4
+  // positions into checkpoint 1.
   v1::RoundPlan solo;
-  prefill(&solo, 1, 0, 0, prompt);
+  v1::StateCheckpoint* save = prefill(&solo, 1, 0, 0, prompt)->add_state_checkpoints();
+  save->set_position(4);
+  save->set_slot(1);
   v1::RoundResult first = run(solo);
   ASSERT_EQ(first.error().code(), 0) << first.error().message();
   const int32_t token = first.outputs(0).tokens(0).token_id();
@@ -429,6 +433,34 @@ TEST(RecurrentStateSlots, LanesTakeAndReturnSlotsAndRowsMustContinueTheState) {
   ASSERT_EQ(one_r.outputs_size(), 1);
   EXPECT_EQ(one_r.outputs(0).tokens(0).token_id(), token);
   EXPECT_EQ(one_r.outputs(0).tokens(0).logprob(), first.outputs(0).tokens(0).logprob());
+  v1::RoundPlan release3;
+  release3.add_rows()->set_lane_id(3);
+  release3.mutable_rows(0)->set_release_lane(true);
+  ASSERT_EQ(run(release3).error().code(), 0);
+
+  // A new lane resumes from checkpoint 1 at position 4 (lane 1's blocks
+  // hold the KV of positions 0..3): lane 1's token and logprob. Resuming
+  // where the checkpoint does not stand, or a checkpoint that does not
+  // exist, is refused.
+  auto resume = [&](int64_t at, int32_t slot) {
+    v1::RoundPlan plan;
+    v1::LaneStep* row =
+        prefill(&plan, 4, 0, at, absl::MakeConstSpan(prompt).subspan(static_cast<size_t>(at)));
+    row->mutable_sampling()->set_temperature(0);
+    row->mutable_sampling()->set_seed(1);
+    row->set_resume_checkpoint(slot);
+    return run(plan);
+  };
+  v1::RoundResult wrong = resume(3, 1);
+  EXPECT_EQ(wrong.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(wrong.error().message(), HasSubstr("holds 4 positions, the row starts at 3"));
+  EXPECT_EQ(resume(4, 0).error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+      << "checkpoint 0 was never written";
+  EXPECT_EQ(resume(4, 2).error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  v1::RoundResult resumed = resume(4, 1);
+  ASSERT_EQ(resumed.error().code(), 0) << resumed.error().message();
+  EXPECT_EQ(resumed.outputs(0).tokens(0).token_id(), token);
+  EXPECT_EQ(resumed.outputs(0).tokens(0).logprob(), first.outputs(0).tokens(0).logprob());
 }
 
 }  // namespace

@@ -87,6 +87,8 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   if (state_floats > 0) {
     info->set_state_slots(kv_pool_.state_slots);
     info->set_state_bytes_per_slot(state_floats * static_cast<int64_t>(sizeof(float)));
+    info->set_state_checkpoints(kv_pool_.state_checkpoints);
+    info->set_state_checkpoint_interval(kv_pool_.state_checkpoint_interval);
   }
   // The bounds this rank's sampler enforces, so the router can refuse a
   // request up front instead of learning them from a rejected round.

@@ -114,19 +114,24 @@ class CpuBackend final : public Backend {
     std::vector<int64_t> offsets;
     const int64_t slot_floats = StateLayout(caches_, &offsets);
     if (slot_floats > 0) {
-      if (spec.state_slots <= 0) {
+      if (spec.state_slots <= 0 || spec.state_checkpoints < 0) {
         return absl::InvalidArgumentError(
             "the model has recurrent layers: the pool needs state slots (one per sequence)");
       }
       state_.assign(static_cast<size_t>(slot_floats) * spec.state_slots, 0.0f);
+      checkpoints_.assign(static_cast<size_t>(slot_floats) * spec.state_checkpoints, 0.0f);
+      checkpoint_position_.assign(static_cast<size_t>(spec.state_checkpoints), -1);
     } else {
       state_.clear();
+      checkpoints_.clear();
+      checkpoint_position_.clear();
     }
-    ops_.set_state_pool(state_.data(), slot_floats, std::move(offsets));
+    ops_.set_state_pool(state_.data(), slot_floats, std::move(offsets), checkpoints_.data());
+    slot_floats_ = slot_floats;
     kv_ = std::move(*kv);
     ops_.set_kv_cache(kv_.get());
     kv_spec_ = spec;
-    if (slot_floats == 0) kv_spec_.state_slots = 0;
+    if (slot_floats == 0) kv_spec_.state_slots = kv_spec_.state_checkpoints = 0;
     return absl::OkStatus();
   }
 
@@ -170,8 +175,11 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   KvPoolSpec kv_spec_;
   std::unique_ptr<KvCache> kv_;
-  std::vector<float> state_;  // [state_slots][every recurrent layer's state]
-  cpu::CpuOps ops_;           // borrows pool_, comm_, kv_ and state_
+  std::vector<float> state_;                  // [state_slots][every recurrent layer's state]
+  std::vector<float> checkpoints_;            // [state_checkpoints][the same]
+  std::vector<int64_t> checkpoint_position_;  // positions each holds the state of (-1: none)
+  int64_t slot_floats_ = 0;
+  cpu::CpuOps ops_;  // borrows pool_, comm_, kv_ and state_
   const std::unique_ptr<ModelGraph> graph_;
   const std::vector<LayerCacheSpec> caches_;  // the graph's, fixed for its life
   const int dcp_;                             // decode context parallel world (1: off)
@@ -182,7 +190,7 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
   // A block id covers bs positions, or bs * world under context parallel.
   const int bs = block_tokens();
   std::set<std::pair<int32_t, int>> written;
-  std::set<int32_t> slots;
+  std::set<int32_t> slots, saved;
   for (size_t s = 0; s < round.seqs.size(); ++s) {
     const SeqStep& q = round.seqs[s];
     auto bad = [&](auto&&... parts) {
@@ -197,6 +205,31 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
       if (!slots.insert(q.state_slot).second) {
         return bad("state slot ", q.state_slot, " is used by two sequences in one round");
       }
+      const int K = kv_spec_.state_checkpoints;
+      if (q.restore_checkpoint >= 0) {
+        if (q.restore_checkpoint >= K) {
+          return bad("state checkpoint ", q.restore_checkpoint, " outside [0, ", K, ")");
+        }
+        // The checkpoint must hold exactly the positions before this row.
+        if (checkpoint_position_[q.restore_checkpoint] != q.start_position) {
+          return bad("state checkpoint ", q.restore_checkpoint, " holds ",
+                     checkpoint_position_[q.restore_checkpoint], " positions, the row starts at ",
+                     q.start_position);
+        }
+      }
+      for (const SeqStep::StateSave& save : q.state_saves) {
+        if (save.slot < 0 || save.slot >= K) {
+          return bad("state checkpoint ", save.slot, " outside [0, ", K, ")");
+        }
+        if (save.offset < 0 || save.offset >= static_cast<int32_t>(q.tokens.size())) {
+          return bad("state checkpoint after offset ", save.offset, " outside the row");
+        }
+        if (!saved.insert(save.slot).second) {
+          return bad("state checkpoint ", save.slot, " is written twice in one round");
+        }
+      }
+    } else if (q.restore_checkpoint >= 0 || !q.state_saves.empty()) {
+      return bad("state checkpoints for a model without recurrent layers");
     }
     if (cfg_.mtp_drafter &&
         q.hidden_in.size() != q.tokens.size() * static_cast<size_t>(cfg_.hidden)) {
@@ -252,7 +285,23 @@ absl::StatusOr<RoundOutput> CpuBackend::Step(const RoundInput& round) {
     std::memcpy(kv_->BlockData(bc.dst), kv_->BlockData(bc.src),
                 static_cast<size_t>(kv_->block_bytes()));
   }
-  return graph_->Forward(round, &ops_);
+  // Every restore reads its checkpoint before any row of the round saves
+  // into one (the router may hand a slot on in the same round).
+  for (const SeqStep& q : round.seqs) {
+    if (q.restore_checkpoint < 0) continue;
+    std::memcpy(state_.data() + q.state_slot * slot_floats_,
+                checkpoints_.data() + q.restore_checkpoint * slot_floats_,
+                sizeof(float) * static_cast<size_t>(slot_floats_));
+  }
+  absl::StatusOr<RoundOutput> out = graph_->Forward(round, &ops_);
+  if (out.ok()) {
+    for (const SeqStep& q : round.seqs) {
+      for (const SeqStep::StateSave& save : q.state_saves) {
+        checkpoint_position_[save.slot] = q.start_position + save.offset + 1;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace

@@ -34,10 +34,12 @@ class CpuOps final : public ComputeOps {
   // The recurrent states KdaMix reads and writes (borrowed; null until the
   // backend allocates them): slot s's state of layer l at data + s *
   // slot_floats + layer_offset[l] (-1 for a layer without one).
-  void set_state_pool(float* data, int64_t slot_floats, std::vector<int64_t> layer_offset) {
+  void set_state_pool(float* data, int64_t slot_floats, std::vector<int64_t> layer_offset,
+                      float* checkpoints) {
     state_ = data;
     state_slot_floats_ = slot_floats;
     state_offset_ = std::move(layer_offset);
+    checkpoints_ = checkpoints;
   }
   // Decode context parallel over the group (ComputeOps::context_parallel).
   void set_context_parallel(int rank, int world) {
@@ -97,6 +99,7 @@ class CpuOps final : public ComputeOps {
   Communicator* const comm_;
   KvCache* kv_ = nullptr;
   float* state_ = nullptr;
+  float* checkpoints_ = nullptr;  // [checkpoints][slot_floats], laid out as a slot
   int64_t state_slot_floats_ = 0;
   std::vector<int64_t> state_offset_;
   int dcp_rank_ = 0;

@@ -115,6 +115,18 @@ void CpuOps::KdaMix(int layer, const KdaInput& in, float* out) {
           o[j] += Si[j] * qi;
         }
       }
+      // Checkpoints of the state after this row: this head's part of it,
+      // at the same place in the checkpoint as in the slot.
+      for (const SeqStep::StateSave& save : q_step.state_saves) {
+        if (save.offset != r) continue;
+        float* ck = checkpoints_ + save.slot * state_slot_floats_ + offset;
+        for (int part = 0; part < 3; ++part) {
+          const int64_t at = part * C * taps + c0 * taps;
+          std::memcpy(ck + at, state + at, sizeof(float) * D * taps);
+        }
+        const int64_t at = 3 * C * taps + int64_t{h} * D * D;
+        std::memcpy(ck + at, state + at, sizeof(float) * D * D);
+      }
     }
   });
 }
