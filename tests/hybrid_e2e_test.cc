@@ -4,8 +4,8 @@
 // slots, give each request's solo tokens and logprobs bit for bit, and as
 // identical resends they resume from the state checkpoint of their longest
 // cached prefix (reported as cached tokens: a multiple of the checkpoint
-// interval); drafting is off for it even when the router is asked to
-// speculate.
+// interval); with speculative decoding on, rejected drafts rewind the lanes'
+// states and every token and logprob is the same as with it off.
 #include <unistd.h>
 
 #include <string>
@@ -18,6 +18,7 @@
 #include "ringlane/v1/generate.grpc.pb.h"
 #include "tests/support/cluster.h"
 #include "tests/support/daemon.h"
+#include "tests/support/http_probe.h"
 #include "worker/model/synthetic.h"
 
 namespace ringlane {
@@ -38,18 +39,45 @@ std::string HybridModel() {
   return dir;
 }
 
-TEST(HybridE2e, ConcurrentEqualsSoloBeyondTheStateSlotsAndResendsAgree) {
+struct Outcome {
+  std::vector<testing::CallOut> solo, together;
+  double drafted = 0, rejected = 0;
+};
+
+// The requests one at a time, then all five at once (resends of the same
+// prompts), on a fresh cluster with the router's `spec_flags`.
+Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
+                    const std::vector<std::string>& spec_flags) {
+  Outcome out;
   testing::ClusterOptions co;
   co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
                      "--state_checkpoint_interval=16"};
-  // Asked to speculate: the group's recurrent layers turn drafting off.
-  co.router_flags = {"--spec_drafters=ngram,suffix", "--round_token_budget=24", "--max_lanes=8"};
+  co.router_flags = {"--round_token_budget=24", "--max_lanes=8"};
+  co.router_flags.insert(co.router_flags.end(), spec_flags.begin(), spec_flags.end());
   auto c = testing::StartCluster(co);
-  ASSERT_NE(c, nullptr);
+  EXPECT_NE(c, nullptr);
+  if (c == nullptr) return out;
+  for (const v1::GenerateRequest& r : requests) out.solo.push_back(testing::Call(*c->stub, r));
+  out.together.resize(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back([&, i] { out.together[i] = testing::Call(*c->stub, requests[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  auto metrics = testing::GetOnce(c->http(), "/metrics");
+  EXPECT_TRUE(metrics.ok());
+  if (metrics.ok()) {
+    out.drafted = testing::Metric(metrics->body, "ringlane_spec_drafted_tokens_total");
+    out.rejected = testing::Metric(metrics->body, "ringlane_spec_rejected_tokens_total");
+  }
+  return out;
+}
+
+TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
   std::vector<v1::GenerateRequest> requests;
   for (int p = 0; p < 5; ++p) {
     std::vector<int32_t> prompt;
-    // Repetitive prompts an n-gram drafter would draft from.
+    // Repetitive prompts an n-gram drafter drafts from.
     for (int i = 0; i < 12 + 9 * p; ++i) prompt.push_back(3 + (i % (4 + p)) * 37 % 500);
     v1::GenerateRequest r = testing::GreedyRequest(prompt, 24 + 4 * p);
     if (p == 3) {
@@ -60,29 +88,34 @@ TEST(HybridE2e, ConcurrentEqualsSoloBeyondTheStateSlotsAndResendsAgree) {
     r.mutable_sampling()->set_top_logprobs(2);
     requests.push_back(r);
   }
-  std::vector<testing::CallOut> solo;
-  for (const v1::GenerateRequest& r : requests) {
-    solo.push_back(testing::Call(*c->stub, r));
-    ASSERT_TRUE(solo.back().status.ok()) << solo.back().status.error_message();
-    ASSERT_EQ(solo.back().choices.at(0).ids.size(), static_cast<size_t>(r.max_tokens()));
-  }
-  std::vector<testing::CallOut> together(requests.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back([&, i] { together[i] = testing::Call(*c->stub, requests[i]); });
-  }
-  for (std::thread& t : threads) t.join();
+  const Outcome off = RunRequests(requests, {"--spec_drafters=none"});
+  // Drafts every step, however badly they fare: rejected drafts rewind the
+  // lanes' states (the workers feed the kept tokens again).
+  const Outcome on = RunRequests(
+      requests, {"--spec_drafters=ngram,suffix", "--spec_adaptive=false", "--spec_gate=false"});
+  ASSERT_EQ(off.solo.size(), requests.size());
+  ASSERT_EQ(on.solo.size(), requests.size());
+  EXPECT_EQ(off.drafted, 0);
+  EXPECT_GT(on.drafted, 0);
+  EXPECT_GT(on.rejected, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i));
-    ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
-    EXPECT_EQ(together[i].choices.at(0).ids, solo[i].choices.at(0).ids);
-    EXPECT_EQ(together[i].choices.at(0).logprobs, solo[i].choices.at(0).logprobs);
-    EXPECT_EQ(together[i].choices.at(0).top_logprobs, solo[i].choices.at(0).top_logprobs);
-    // The resend resumed from the checkpoint after its last cached block
-    // (the last prompt token is always computed), and says so.
-    const int64_t prompt = requests[i].token_ids().ids_size();
-    EXPECT_EQ(together[i].usage.cached_tokens(), (prompt - 1) / 16 * 16);
-    EXPECT_EQ(solo[i].usage.cached_tokens(), 0);
+    const testing::ChoiceOut& want = off.solo[i].choices.at(0);
+    ASSERT_TRUE(off.solo[i].status.ok()) << off.solo[i].status.error_message();
+    ASSERT_EQ(want.ids.size(), static_cast<size_t>(requests[i].max_tokens()));
+    for (const Outcome* run : {&off, &on}) {
+      for (const testing::CallOut* got : {&run->solo[i], &run->together[i]}) {
+        ASSERT_TRUE(got->status.ok()) << got->status.error_message();
+        EXPECT_EQ(got->choices.at(0).ids, want.ids);
+        EXPECT_EQ(got->choices.at(0).logprobs, want.logprobs);
+        EXPECT_EQ(got->choices.at(0).top_logprobs, want.top_logprobs);
+      }
+      // The resend resumed from the checkpoint after its last cached block
+      // (the last prompt token is always computed), and says so.
+      const int64_t prompt = requests[i].token_ids().ids_size();
+      EXPECT_EQ(run->solo[i].usage.cached_tokens(), 0);
+      if (run == &off) EXPECT_EQ(run->together[i].usage.cached_tokens(), (prompt - 1) / 16 * 16);
+    }
   }
 }
 

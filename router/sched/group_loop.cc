@@ -169,8 +169,8 @@ bool GroupLoop::Connect() {
   o.identity.tp_world_size = info.tp_world_size();
   // A model with recurrent layers resumes only where its state was kept: a
   // prefix hit ends at a state checkpoint (none without them), on a block
-  // boundary; no kvstore and no drafts yet (rejected ones would advance the
-  // state), and no more lanes than the workers have state slots.
+  // boundary; no kvstore yet, and no more lanes than the workers have state
+  // slots.
   const bool recurrent = info.state_slots() > 0;
   const bool tiered = !recurrent && !info.kvstore_address().empty() &&
                       (options_.kv_tiering.offload || options_.kv_tiering.restore);
@@ -204,14 +204,12 @@ bool GroupLoop::Connect() {
   planner_ = options_.planner;
   if (recurrent) {
     planner_.max_lanes = std::min(planner_.max_lanes, info.state_slots());
-    planner_.max_drafts = 0;
     RL_LOG(INFO) << "worker group " << options_.index << ": recurrent layers, "
                  << info.state_slots() << " state slots of " << info.state_bytes_per_slot()
                  << " bytes; at most " << planner_.max_lanes << " lanes; "
                  << info.state_checkpoints() << " state checkpoints every "
                  << info.state_checkpoint_interval()
-                 << " positions, prefix hits resume from them; no kvstore or speculative "
-                    "decoding yet";
+                 << " positions, prefix hits resume from them; no kvstore yet";
   }
   epoch_ = info.group_epoch();
   ready_ = true;

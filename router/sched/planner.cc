@@ -206,7 +206,10 @@ void Planning::AddStateCheckpoints(const Lane& lane, v1::LaneStep* row) {
     row->set_resume_checkpoint(slot);
   }
   const int64_t every = kv_.checkpoint_interval();
-  const int64_t start = row->start_position(), end = start + RowTokens(*row);
+  // A verify row's drafts may be rejected (the workers then rewind the
+  // state): only the state after its first token is sure.
+  const int64_t start = row->start_position();
+  const int64_t end = start + (RowDrafts(*row) > 0 ? 1 : RowTokens(*row));
   for (int64_t p = (start / every + 1) * every; p <= end; p += every) {
     absl::StatusOr<int32_t> slot = kv_.CheckpointFor(lane.id, p);
     if (!slot.ok() || *slot < 0) continue;  // every slot pinned: no checkpoint this time

@@ -57,6 +57,17 @@ class Backend {
   virtual int64_t kv_block_bytes() const = 0;
   virtual absl::Status ExportKvBlock(int32_t block, std::vector<uint8_t>* out) const = 0;
   virtual absl::Status ImportKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
+
+  // Models with recurrent layers: a copy of state slot `slot` (every such
+  // layer's state of one lane) and back, to rewind a lane past rejected
+  // drafts. InvalidArgument for a bad slot or size; Unimplemented where the
+  // backend keeps no state.
+  virtual absl::Status SaveStateSlot(int32_t slot, std::vector<float>* out) const {
+    return absl::UnimplementedError("this backend keeps no recurrent state");
+  }
+  virtual absl::Status RestoreStateSlot(int32_t slot, absl::Span<const float> data) {
+    return absl::UnimplementedError("this backend keeps no recurrent state");
+  }
 };
 
 class Communicator;

@@ -379,6 +379,20 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
     o.dtype = DType::kFP8E4M3;
     return o;
   }
+  if (name == "glm5-next-small") {
+    // glm5-small's widths with GLM-5.3-Flash's pattern: three KDA layers
+    // (8 heads of 128) and one NoPE MLA layer with the indexer, for the
+    // long-context benchmark against glm5-small.
+    absl::StatusOr<SyntheticModelOptions> small = SyntheticPreset("glm5-small");
+    if (!small.ok()) return small.status();
+    o = *small;
+    o.family = "glm5_next";
+    o.qk_rope_head_dim = 0;
+    o.layer_types = "LLLF";
+    o.linear_heads = 8;
+    o.linear_head_dim = 128;
+    return o;
+  }
   if (name == "glm5-next-tiny") {
     o.family = "glm5_next";
     o.hidden = 64;
@@ -395,7 +409,8 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown synthetic model preset '", std::string(name),
-      "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny, glm5-small or glm5-next-tiny)"));
+      "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny, glm5-small, glm5-next-tiny or "
+      "glm5-next-small)"));
 }
 
 absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,

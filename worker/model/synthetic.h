@@ -99,7 +99,8 @@ struct SyntheticModelOptions {
 // of which the first is dense), and "glm5-small" (GLM-5's attention widths in
 // 4 layers of hidden 1024 with 16 experts, FP8, 131072 positions, for
 // long-context benchmarks), "glm5-next-tiny" (glm5_next: 4 layers LLLF, KDA of
-// 4 heads of 16 and NoPE MLA with the indexer, BF16). Other names are
+// 4 heads of 16 and NoPE MLA with the indexer, BF16) and "glm5-next-small"
+// (glm5-small's widths, LLLF, KDA of 8 heads of 128). Other names are
 // InvalidArgument.
 absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name);
 

@@ -128,10 +128,14 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
                                 " but this model's recurrent state stands at position ", at,
                                 " (resuming elsewhere needs a state checkpoint)"));
       }
+      // A verify row's drafts may be rejected: only its first token's state
+      // is sure to stand.
+      const int64_t sure = row.verify_offsets_size() > 1 ? 1 : n;
       for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
-        if (c.position() <= row.start_position() || c.position() > row.start_position() + n) {
+        if (c.position() <= row.start_position() || c.position() > row.start_position() + sure) {
           return bad(absl::StrCat("state checkpoint at position ", c.position(),
-                                  " outside the row's positions"));
+                                  " outside the row's ",
+                                  sure == 1 ? "first position" : "positions"));
         }
       }
     } else if (row.has_resume_checkpoint() || row.state_checkpoints_size() > 0) {
@@ -191,6 +195,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   };
   last_sampled_ = 0;
   last_accepted_ = 0;
+  last_replayed_ = 0;
   last_proposed_ = 0;
   last_draft_us_ = 0;
   if (absl::Status st = Validate(plan); !st.ok()) return reject(st);
@@ -269,6 +274,23 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   }
   RoundOutput out;
   in.want_hidden = draft_ != nullptr && draft_->wants_hidden();
+  // Recurrent models: a verify row's lane state is kept as it was before the
+  // row, to rewind it past drafts that turn out rejected (the recurrence
+  // cannot be undone; the accepted tokens are fed again from there).
+  std::vector<int> rewindable(in.seqs.size(), 0);
+  if (state_slots > 0) {
+    if (rewind_.size() < in.seqs.size()) rewind_.resize(in.seqs.size());
+    for (int i = 0; i < plan.rows_size(); ++i) {
+      const v1::LaneStep& row = plan.rows(i);
+      const int seq = seq_of_row[i];
+      if (seq < 0 || row.verify_offsets_size() < 2 || row.release_lane()) continue;
+      if (absl::Status st = backend_->SaveStateSlot(in.seqs[seq].state_slot, &rewind_[seq]);
+          !st.ok()) {
+        return st;
+      }
+      rewindable[seq] = 1;
+    }
+  }
   if (!in.seqs.empty() || !in.block_copies.empty()) {
     absl::StatusOr<RoundOutput> o = backend_->Step(in);
     if (!o.ok()) {
@@ -296,6 +318,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   }
 
   // The plan is accepted: create lanes, sample, release.
+  RoundInput replay;  // the rewound lanes' kept tokens, fed again below
   if (state_slots > 0) {
     free_slots_ = std::move(avail);
     for (uint64_t lane : released_first) lanes_.at(lane)->state_slot = -1;
@@ -355,6 +378,20 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       }
       last_accepted_ += accepted;
       if (lo) lo->set_accepted_draft_count(accepted);
+      const int kept = s.logit_offsets[0] + accepted + 1;
+      if (rewindable[seq] && kept < static_cast<int>(s.tokens.size())) {
+        // Rewind: the state as before the row, then its kept tokens again.
+        if (absl::Status st = backend_->RestoreStateSlot(s.state_slot, rewind_[seq]); !st.ok()) {
+          return st;
+        }
+        SeqStep again;
+        again.start_position = s.start_position;
+        again.tokens.assign(s.tokens.begin(), s.tokens.begin() + kept);
+        again.block_ids = s.block_ids;
+        again.state_slot = s.state_slot;
+        replay.seqs.push_back(std::move(again));
+        lane.state_position = s.start_position + kept;
+      }
       if (draft_ != nullptr) {
         DraftRunner::Feed& f = feeds[seq];
         f.keep = s.logit_offsets[0] + accepted + 1;
@@ -371,6 +408,15 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       lanes_.erase(it);
       if (draft_ != nullptr) draft_->Forget(row.lane_id());
     }
+  }
+  if (!replay.seqs.empty()) {
+    // Same tokens at the same positions over the same context: the KV it
+    // writes again is the same, and each state ends where plain decode
+    // would have it. Every rank replays the same rows (the samples agree).
+    absl::StatusOr<RoundOutput> o = backend_->Step(replay);
+    if (!o.ok()) return o.status();
+    last_replayed_ = 0;
+    for (const SeqStep& q : replay.seqs) last_replayed_ += static_cast<int64_t>(q.tokens.size());
   }
   if (draft_ != nullptr && (!in.seqs.empty() || !in.block_copies.empty())) {
     const auto d0 = std::chrono::steady_clock::now();

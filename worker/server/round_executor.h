@@ -60,6 +60,9 @@ class RoundExecutor {
   // only where they are reported).
   int64_t last_sampled() const { return last_sampled_; }
   int64_t last_accepted() const { return last_accepted_; }
+  // Recurrent models: tokens fed again by the last Run to rewind lanes'
+  // states past rejected drafts.
+  int64_t last_replayed() const { return last_replayed_; }
   // Draft tokens proposed by the last Run, and its time in the draft model.
   int64_t last_proposed() const { return last_proposed_; }
   int64_t last_draft_us() const { return last_draft_us_; }
@@ -93,6 +96,10 @@ class RoundExecutor {
   // first Run after construction or Clear.
   std::vector<int32_t> free_slots_;
   bool slots_ready_ = false;
+  // Per sequence of the running round: its lane's state before a verify
+  // row (capacity kept between rounds).
+  std::vector<std::vector<float>> rewind_;
+  int64_t last_replayed_ = 0;
   int64_t last_sampled_ = 0;
   int64_t last_accepted_ = 0;
   int64_t last_proposed_ = 0;

@@ -113,6 +113,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                      .Help("Bytes of this rank's recurrent state slots")
                      .Register(r)
                      .Add(l);
+  state_replayed_tokens = &prometheus::BuildCounter()
+                               .Name("ringlane_worker_state_replayed_tokens_total")
+                               .Help(
+                                   "Tokens fed again to rewind recurrent states past rejected "
+                                   "draft tokens (the price of speculation on such a model)")
+                               .Register(r)
+                               .Add(l);
   auto& kv = prometheus::BuildCounter()
                  .Name("ringlane_worker_kv_blocks_moved_total")
                  .Help("KV blocks exported from or imported into the pool")

@@ -39,6 +39,8 @@ struct WorkerMetrics {
   // counted by `lanes`) and the bytes they take (0 for other models).
   prometheus::Gauge* state_slots;
   prometheus::Gauge* state_bytes;
+  // Tokens fed again to rewind lanes' states past rejected drafts.
+  prometheus::Counter* state_replayed_tokens;
   prometheus::Counter* kv_blocks_exported;
   prometheus::Counter* kv_blocks_imported;
   // The kvstore link (kv_offload.h): blocks offloaded by outcome, blocks

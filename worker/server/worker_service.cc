@@ -176,6 +176,7 @@ grpc::Status WorkerService::Rounds(
         metrics_->tokens_fed->Increment(static_cast<double>(fed));
         metrics_->tokens_sampled->Increment(static_cast<double>(exec->last_sampled()));
         metrics_->drafts_accepted->Increment(static_cast<double>(exec->last_accepted()));
+        metrics_->state_replayed_tokens->Increment(static_cast<double>(exec->last_replayed()));
         metrics_->drafts_proposed->Increment(static_cast<double>(exec->last_proposed()));
         metrics_->draft_model_seconds->Increment(static_cast<double>(exec->last_draft_us()) * 1e-6);
         metrics_->compute_seconds->Observe(r.compute_time_us() * 1e-6);

@@ -164,6 +164,28 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<RoundOutput> Step(const RoundInput& round) override;
 
+  absl::Status SaveStateSlot(int32_t slot, std::vector<float>* out) const override {
+    if (slot < 0 || slot >= kv_spec_.state_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state slot ", slot, " outside [0, ", kv_spec_.state_slots, ")"));
+    }
+    const float* p = state_.data() + slot * slot_floats_;
+    out->assign(p, p + slot_floats_);
+    return absl::OkStatus();
+  }
+  absl::Status RestoreStateSlot(int32_t slot, absl::Span<const float> data) override {
+    if (slot < 0 || slot >= kv_spec_.state_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state slot ", slot, " outside [0, ", kv_spec_.state_slots, ")"));
+    }
+    if (static_cast<int64_t>(data.size()) != slot_floats_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a state of ", data.size(), " floats, the slot holds ", slot_floats_));
+    }
+    std::memcpy(state_.data() + slot * slot_floats_, data.data(), data.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+
  private:
   absl::Status Validate(const RoundInput& round) const;
 
