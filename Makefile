@@ -25,7 +25,7 @@ WORLD ?= 2
 SPEC_DRAFTERS ?= ngram,suffix
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets bench-peer \
-	fuzz fuzz-smoke bench bench-context kvstore-bench soak monitor image-cpu image-cuda format clean
+	fuzz fuzz-smoke bench bench-context bench-hybrid kvstore-bench soak monitor image-cpu image-cuda format clean
 
 all: build
 
@@ -123,7 +123,12 @@ bench: build
 bench-context: build
 	@test -f $(BUILD)/models/glm5-small/config.json || \
 	  $(BUILD)/tools/ringlane-synth-model --preset=glm5-small --out=$(BUILD)/models/glm5-small
+	@test -f $(BUILD)/models/glm5-next-small/config.json || \
+	  $(BUILD)/tools/ringlane-synth-model --preset=glm5-next-small \
+	  --out=$(BUILD)/models/glm5-next-small
 	@$(BUILD)/tools/ringlane-context-bench --model=$(BUILD)/models/glm5-small \
+	  --contexts=4096,16384,65536 --steps=3
+	@$(BUILD)/tools/ringlane-context-bench --model=$(BUILD)/models/glm5-next-small \
 	  --contexts=4096,16384,65536 --steps=3
 
 # Issue 20's side by side with llama.cpp b10573 (../shared/peers/llamacpp):
@@ -135,6 +140,11 @@ bench-peer: build
 # Issue 14's time to first token: cold, device pool, kvstore DRAM, kvstore disk.
 kvstore-bench: build
 	@tools/kvstore_bench.sh $(BUILD) 2400 3
+
+# Issue 19: time to first token of a long prompt on the glm5_next hybrid,
+# cold and resent (resumed from its state checkpoint).
+bench-hybrid: build
+	@tools/hybrid_resend_bench.sh $(BUILD) 1200 3
 
 # Issue 13's soak: 5 streams for SOAK_SECONDS (600) against a local TP2
 # cluster; RSS and open descriptors of every daemon must stay flat.

@@ -1,5 +1,7 @@
 // ringlane-context-bench: decode speed at long context, and what a token of
-// context costs in the KV pool. For a DSA model (deepseek_v32, glm_moe_dsa)
+// context costs in the KV pool (and a lane in state slots, for a model with
+// linear-attention layers such as glm5_next). For a DSA model (deepseek_v32,
+// glm_moe_dsa, glm5_next)
 // each context is measured twice, beside each other: attending densely to
 // every position, and past --dense_window through the indexer's top-k.
 //
@@ -49,6 +51,7 @@ namespace {
 struct Result {
   double tok_s = 0;
   int64_t block_bytes = 0;
+  int64_t state_bytes = 0;  // one lane's recurrent state (linear-attention layers)
 };
 
 // Median decode tokens/s of one sequence at `context` tokens, dense window
@@ -64,10 +67,17 @@ Result Measure(const std::string& path, int64_t context, int window, rw::DType k
   if (!backend.ok()) Die(std::string(backend.status().message()));
   const int bs = 16, steps = absl::GetFlag(FLAGS_steps);
   const int blocks = static_cast<int>((context + steps + bs) / bs) + 1;
-  if (absl::Status s = (*backend)->AllocateKvPool({blocks, bs, kv}); !s.ok())
+  // One state slot: a model with linear-attention layers keeps the lane's
+  // state there, whatever the context (its cost does not grow with it).
+  if (absl::Status s = (*backend)->AllocateKvPool({blocks, bs, kv, 1}); !s.ok())
     Die(std::string(s.message()));
+  int64_t state_bytes = 0;
+  for (const rw::LayerCacheSpec& c : (*backend)->layer_caches()) {
+    if (c.kind == rw::CacheKind::kRecurrentState) state_bytes += c.state_floats * 4;
+  }
   const int vocab = model->config.vocab;
   rw::SeqStep seq;
+  seq.state_slot = 0;
   for (int b = 0; b < blocks; ++b) seq.block_ids.push_back(b);
   for (int i = 0; i < bs; ++i) seq.tokens.push_back((i * 97 + 5) % vocab);
   seq.logit_offsets = {bs - 1};
@@ -91,7 +101,7 @@ Result Measure(const std::string& path, int64_t context, int window, rw::DType k
     if (i > 0) seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::sort(seconds.begin(), seconds.end());
-  return {1.0 / seconds[seconds.size() / 2], (*backend)->kv_block_bytes()};
+  return {1.0 / seconds[seconds.size() / 2], (*backend)->kv_block_bytes(), state_bytes};
 }
 
 }  // namespace
@@ -122,8 +132,8 @@ int main(int argc, char** argv) {
               cfg.model_type.c_str(), cfg.layers, std::string(rw::DTypeName(*kv)).c_str(),
               absl::GetFlag(FLAGS_threads),
               dsa ? absl::StrCat(", DSA top-", cfg.indexer.topk, " past ", window).c_str() : "");
-  std::printf("%10s %14s %12s %12s %12s %10s\n", "context", "KV B/token", "KV MiB", "dense tok/s",
-              "DSA tok/s", "DSA/dense");
+  std::printf("%10s %14s %12s %14s %12s %12s %10s\n", "context", "KV B/token", "KV MiB",
+              "state MiB/lane", "dense tok/s", "DSA tok/s", "DSA/dense");
   for (int64_t context : contexts) {
     std::fprintf(stderr, "context %lld: dense ...\n", static_cast<long long>(context));
     const Result dense = Measure(path, context, static_cast<int>(context) + 1024, *kv);
@@ -133,8 +143,9 @@ int main(int argc, char** argv) {
       sparse = Measure(path, context, window, *kv);
     }
     const double per_token = static_cast<double>(dense.block_bytes) / 16;
-    std::printf("%10lld %14.0f %12.1f %12.2f %12s %10s\n", static_cast<long long>(context),
-                per_token, per_token * static_cast<double>(context) / (1 << 20), dense.tok_s,
+    std::printf("%10lld %14.0f %12.1f %14.2f %12.2f %12s %10s\n", static_cast<long long>(context),
+                per_token, per_token * static_cast<double>(context) / (1 << 20),
+                static_cast<double>(dense.state_bytes) / (1 << 20), dense.tok_s,
                 dsa ? absl::StrCat(sparse.tok_s).c_str() : "-",
                 dsa ? absl::StrCat(sparse.tok_s / dense.tok_s).c_str() : "-");
     std::fflush(stdout);
