@@ -18,8 +18,7 @@ THREADS ?= 2
 WORKER_THREADS ?= 1
 # One-shot prompt for `make serve PROMPT="..."`; empty = interactive.
 PROMPT ?=
-# Ranks of the served group: 2 (TP2), or 1 for a model that does not split
-# (glm5_next's linear-attention layers).
+# Ranks of the served group: 2 (TP2), or 1 (one worker holding the model).
 WORLD ?= 2
 # Speculative decoding under `make serve` (the router's --spec_drafters).
 SPEC_DRAFTERS ?= ngram,suffix

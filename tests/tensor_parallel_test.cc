@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<worker::Backend>> ShardBackend(
   opt.context_parallel = mode.context_parallel;
   absl::StatusOr<std::unique_ptr<worker::Backend>> b = worker::CreateCpuBackend(*shard, opt);
   if (!b.ok()) return b.status();
-  if (absl::Status st = (*b)->AllocateKvPool({mode.kv_blocks, 16, kv}); !st.ok()) return st;
+  // State slots for a model with recurrent layers (ignored by the others).
+  if (absl::Status st = (*b)->AllocateKvPool({mode.kv_blocks, 16, kv, 8}); !st.ok()) return st;
   return b;
 }
 
@@ -215,7 +216,7 @@ TEST(StoriesTp4, ConcurrentEqualsSolo) {
 double TeacherForcedTpDiff(const std::string& model, const std::vector<int32_t>& seq, int chunk,
                            int world, const worker::ShardOptions& sharding = {},
                            const GroupMode& mode = {}) {
-  auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32}, {.threads = 1},
+  auto tp1 = testing::MakeCpuBackend(model, {128, 16, worker::DType::kF32, 8}, {.threads = 1},
                                      [&](worker::ModelConfig& c) {
                                        if (mode.dense_window > 0) {
                                          c.indexer.dense_window = mode.dense_window;
@@ -293,6 +294,26 @@ TEST(DeepseekTp4, ConcurrentEqualsSolo) {
       ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab, o.out_dir + "_inv"));
   EXPECT_TRUE(ConcurrentEqualsSoloTp4(o.out_dir, worker::DType::kBF16, o.vocab,
                                       o.out_dir + "_inv_ep", {.expert_parallel = true}));
+}
+
+// GLM-5.3-Flash's hybrid sharded: each rank its KDA heads (their rows of
+// the head-wise projections, convolution channels, decay parameters, columns
+// of o_proj, and their part of the recurrent state) beside the MLA layer's.
+TEST(HybridTp, TeacherForcedMatchesTp1AndConcurrentEqualsSolo) {
+  auto o = worker::SyntheticPreset("glm5-next-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_tp_hybrid_" + std::to_string(getpid());
+  o->dtype = worker::DType::kF32;
+  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 40; ++i) seq.push_back((i * 97 + 5) % o->vocab);
+  for (int world : {2, 4}) {
+    const double diff = TeacherForcedTpDiff(o->out_dir, seq, 6, world);
+    std::printf("glm5_next TP%d vs TP1: max |logit difference| %.3g\n", world, diff);
+    EXPECT_LT(diff, 1e-3) << "TP" << world;
+  }
+  EXPECT_TRUE(
+      ConcurrentEqualsSoloTp4(o->out_dir, worker::DType::kBF16, o->vocab, o->out_dir + "_inv"));
 }
 
 // Decode context parallel: each rank keeps every world-th position of the

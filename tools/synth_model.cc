@@ -60,6 +60,9 @@ ABSL_FLAG(double, linear_lower_bound, 0.0,
           "glm5_next: < 0 writes linear_lower_bound (the bounded sigmoid gate); 0 = the softplus "
           "gate");
 
+ABSL_FLAG(double, swiglu_limit, 0.0,
+          "glm5_next: > 0 writes swiglu_limit (the MoE experts' clamped SwiGLU); 0 = none");
+
 namespace {
 
 namespace rw = ringlane::worker;
@@ -134,6 +137,8 @@ int main(int argc, char** argv) {
   take_int(FLAGS_linear_conv_kernel, "linear_conv_kernel", &o.linear_conv_kernel);
   o.linear_lower_bound = static_cast<float>(absl::GetFlag(FLAGS_linear_lower_bound));
   if (!(o.linear_lower_bound <= 0.0f)) ExitWithUsageError("--linear_lower_bound must be <= 0");
+  o.swiglu_limit = static_cast<float>(absl::GetFlag(FLAGS_swiglu_limit));
+  if (!(o.swiglu_limit >= 0.0f)) ExitWithUsageError("--swiglu_limit must be >= 0");
   o.mtp_layers = absl::GetFlag(FLAGS_mtp_layers);
   o.silent_from = absl::GetFlag(FLAGS_silent_from);
   if (o.silent_from < 0) ExitWithUsageError("--silent_from must be >= 0");

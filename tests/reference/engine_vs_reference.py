@@ -75,6 +75,9 @@ CASES = {
                                    "--linear_lower_bound=-5", "--linear_head_dim=32",
                                    "--linear_conv_kernel=2", "--layer_types=LFLL",
                                    "--seed=43"], 200, 48),
+    # The experts' clamped SwiGLU (swiglu_limit 0.5: active on many rows).
+    "glm5_next_swiglu_limit": (["--preset=glm5-next-tiny", "--swiglu_limit=0.5", "--seed=53"],
+                               160, 32),
 }
 
 

@@ -3,8 +3,10 @@
 
 glm5_next is a hybrid. Each decoder layer's mixer is either Kimi Delta Attention (KDA, a gated
 delta rule with a per-channel decay; "linear_attention") or GLM-5's MLA with its DSA indexer
-("full_attention"). The MLPs/MoE, embeddings, head and MTP layer are GLM-5's. Everything
-except KDA is deepseek_reference.py's glm_moe_dsa code, imported from it. KDA is written here
+("full_attention"). The MLPs/MoE, embeddings, head and MTP layer are GLM-5's, except that
+config.json's swiglu_limit L > 0 clamps the SwiGLU of every MoE expert (routed and shared):
+down(silu(min(gate, L)) * clamp(up, -L, L)); dense MLPs are never clamped. Apart from KDA and
+that clamp, everything is deepseek_reference.py's glm_moe_dsa code, imported from it. KDA is written here
 from the architecture in tests/reference/README.md ("glm5_next"), independently of the
 engine. Everything runs in torch.float64.
 
@@ -175,6 +177,28 @@ def zero_kda_state(config):
 # ---------------------------------------------------------------- config
 
 
+def parse_swiglu_limit(raw):
+    """config.json's swiglu_limit as a float L > 0, or None for no clamp (absent, null, 0 or
+    false). Anything else (negative, NaN, true, a string) is refused."""
+    limit = raw.get("swiglu_limit")
+    if limit is None or limit is False:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit >= 0:  # true, text, < 0, NaN
+        raise SystemExit(
+            f"glm5_next: swiglu_limit {limit!r} must be a positive number (the clamp of the MoE "
+            "experts' SwiGLU), or absent/null/0/false for no clamp"
+        )
+    return float(limit) if limit > 0 else None
+
+
+def swiglu(gate, up, limit=None):
+    """silu(gate) * up; with a limit L: silu(min(gate, L)) * clamp(up, -L, L)."""
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(-limit, limit)
+    return torch.nn.functional.silu(gate) * up
+
+
 def _reject_unsupported(raw):
     hc_mult = raw.get("hc_mult")
     if hc_mult not in (None, 1):
@@ -182,9 +206,6 @@ def _reject_unsupported(raw):
     kpool = raw.get("index_kpool")
     if kpool not in (None, 0, 1, False):
         raise SystemExit(f"glm5_next: index_kpool {kpool!r} (pooled indexer keys) is not implemented")
-    limit = raw.get("swiglu_limit")
-    if limit not in (None, 0, False):
-        raise SystemExit(f"glm5_next: swiglu_limit {limit!r} (clamped SwiGLU) is not implemented")
 
 
 class Config(ds.Config):
@@ -215,6 +236,8 @@ class Config(ds.Config):
             if not lower_bound < 0:
                 raise SystemExit(f"linear_lower_bound {lower_bound!r} must be negative (or null)")
         self.linear_lower_bound = lower_bound
+        # Clamped SwiGLU in the MLPs of MoE layers (routed and shared experts); None: no clamp.
+        self.swiglu_limit = parse_swiglu_limit(raw)
         # Everything else is glm_moe_dsa's, with its defaults (indexer RoPE interleaved).
         super().__init__(dict(raw, model_type="glm_moe_dsa"))
         self.model_type = MODEL_TYPE
@@ -270,12 +293,27 @@ class Reference(ds.Reference):
         if kda_chunk < 0:
             raise SystemExit("--kda_chunk must be 0 (recurrent) or a chunk length")
         self.kda_chunk = kda_chunk
+        self._active_swiglu_limit = None  # config.swiglu_limit while a MoE layer runs
 
     def _attention(self, layer, x, cos, sin, previous_selection):
         if self.config.layer_type(layer) == "full_attention":
             return super()._attention(layer, x, cos, sin, previous_selection)
         out, _ = self.kda_mixer(layer, x)
         return out, (None, {})  # no key selection in a linear layer
+
+    def _moe(self, prefix, x):
+        # deepseek_reference's routing and expert sum; every MLP it runs (routed experts and
+        # shared experts) is clamped by swiglu_limit. Dense-layer MLPs come through _mlp alone.
+        self._active_swiglu_limit = self.config.swiglu_limit
+        try:
+            return super()._moe(prefix, x)
+        finally:
+            self._active_swiglu_limit = None
+
+    def _mlp(self, prefix, x):
+        gate = self._linear(prefix + ".gate_proj", x)
+        up = self._linear(prefix + ".up_proj", x)
+        return self._linear(prefix + ".down_proj", swiglu(gate, up, self._active_swiglu_limit))
 
     def kda_weights(self, layer):
         """A linear_attention layer's non-projection tensors as float64, in the shapes used

@@ -6,9 +6,10 @@ linear_lower_bound and A_log stored as [1, 1, H, 1]; FP8 block-scaled linears ov
 with an MTP layer; F32 with qk_rope_head_dim 0). Checks a hand-computed KDA step, a scalar
 re-implementation of a whole KDA mixer (both gates), the causal conv convention, chunked ==
 recurrent, resuming from a (conv state, S) checkpoint, causality, that a wrong conv tap order
-or a missing L2 norm changes the logits, NoPE MLA and indexer, the config rules, and the
-command line (also through deepseek_reference.py). Exits 0 when everything passes; the last
-line is 'N passed, M failed'.
+or a missing L2 norm changes the logits, NoPE MLA and indexer, swiglu_limit's clamped SwiGLU
+(a hand-computed MoE layer; MoE layers and the MTP layer clamped, dense layers not; 1e9 ==
+no limit), the config rules, and the command line (also through deepseek_reference.py).
+Exits 0 when everything passes; the last line is 'N passed, M failed'.
 """
 
 import json
@@ -635,7 +636,13 @@ def test_config_rules(tmp):
     no_index = ref.Config(dict(f32_config(), index_topk=0))
     assert not no_index.has_indexer and no_index.indexer_type(1) == "none"
     # Trivial values of the keys this version does not implement are accepted.
-    ref.Config(dict(f32_config(), hc_mult=1, index_kpool=None, swiglu_limit=None))
+    ref.Config(dict(f32_config(), hc_mult=1, index_kpool=None))
+    # swiglu_limit: absent, null, 0 or false is no clamp; a positive number is the limit.
+    assert config.swiglu_limit is None
+    for off in (None, 0, 0.0, False):
+        assert ref.Config(dict(f32_config(), swiglu_limit=off)).swiglu_limit is None, off
+    assert ref.Config(dict(f32_config(), swiglu_limit=7)).swiglu_limit == 7.0
+    assert ref.Config(dict(f32_config(), swiglu_limit=0.5)).swiglu_limit == 0.5
     # A sharing schedule that keeps every full_attention layer full is harmless.
     assert ref.Config(dict(f32_config(), indexer_types=["full"] * 4)).indexer_types[1] == "full"
     shares_linear_only = ref.Config(dict(f32_config(), index_topk_freq=2, index_skip_topk_offset=0))
@@ -643,7 +650,10 @@ def test_config_rules(tmp):
     bad = {
         "hc_mult": dict(f32_config(), hc_mult=4),
         "index_kpool": dict(f32_config(), index_kpool=4),
-        "swiglu_limit": dict(f32_config(), swiglu_limit=7.0),
+        "swiglu_limit -1.0 must be a positive number": dict(f32_config(), swiglu_limit=-1.0),
+        "swiglu_limit True": dict(f32_config(), swiglu_limit=True),
+        "swiglu_limit '7'": dict(f32_config(), swiglu_limit="7"),
+        "swiglu_limit nan": dict(f32_config(), swiglu_limit=math.nan),
         "layer_types": dict(f32_config(), layer_types=["linear_attention"] * 3),
         "'mamba'": dict(f32_config(), layer_types=["mamba"] + ["full_attention"] * 3),
         "must be negative": dict(f32_config(), linear_lower_bound=0.5),
@@ -662,6 +672,157 @@ def test_config_rules(tmp):
     r = reference(_model_dirs(tmp)["bf16_lb"])
     assert r.checkpoint.entries["model.layers.0.self_attn.A_log"][2] == [1, 1, 2, 1]
     assert r.kda_weights(0)["A_log"].shape == (2,)
+
+
+def _with_limit(tmp, name, limit):
+    """A copy of checkpoint `name` whose config.json says swiglu_limit `limit` (same weights,
+    linked, not rewritten)."""
+    source = _model_dirs(tmp)[name]
+    directory = os.path.join(tmp, f"{name}_limit_{limit}")
+    if not os.path.exists(directory):
+        os.makedirs(directory)
+        with open(os.path.join(source, "config.json")) as f:
+            raw = json.load(f)
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(dict(raw, swiglu_limit=limit), f, indent=1)
+        for file_name in os.listdir(source):
+            if file_name != "config.json":
+                os.symlink(os.path.join(source, file_name), os.path.join(directory, file_name))
+    return directory
+
+
+def test_swiglu_limit_hand_expert(_):
+    """One MoE layer (hidden 2, two routed experts of width 2, top-1 greedy, one shared expert)
+    with swiglu_limit L = 1 and explicit weights, for the token x = (1, 1), which the router
+    sends to expert 0 with weight 1 * routed_scaling_factor (2.5):
+      expert 0: gate = (2, -3), up = (3, -2) -> silu(min(gate, 1)) = (silu(1), silu(-3)),
+                clamp(up, -1, 1) = (1, -1),
+                h = (0.7310585786300049, 0.14227761953270035),
+                down [[1, 2], [-1, 0.5]] h = (1.0156138177...,  -0.6599197688...)
+      shared:   gate = (0.5, -0.25) (under L), up = (0.5, 1.5) -> (0.5, 1),
+                h = (silu(0.5) * 0.5, silu(-0.25) * 1), down = identity
+      output = 2.5 * expert 0 + shared.
+    Without the limit (and through _mlp, as a dense layer runs it) nothing is clamped."""
+    limit = 1.0
+    m = "model.layers.0.mlp"
+    stored = {
+        m + ".gate.weight": [[1.0, 1.0], [-1.0, -1.0]],
+        m + ".experts.0.gate_proj.weight": [[2.0, 0.0], [-1.0, -2.0]],
+        m + ".experts.0.up_proj.weight": [[1.0, 2.0], [-1.0, -1.0]],
+        m + ".experts.0.down_proj.weight": [[1.0, 2.0], [-1.0, 0.5]],
+        m + ".experts.1.gate_proj.weight": [[5.0, 5.0], [5.0, 5.0]],
+        m + ".experts.1.up_proj.weight": [[5.0, 5.0], [5.0, 5.0]],
+        m + ".experts.1.down_proj.weight": [[5.0, 5.0], [5.0, 5.0]],
+        m + ".shared_experts.gate_proj.weight": [[0.25, 0.25], [0.0, -0.25]],
+        m + ".shared_experts.up_proj.weight": [[0.25, 0.25], [1.0, 0.5]],
+        m + ".shared_experts.down_proj.weight": [[1.0, 0.0], [0.0, 1.0]],
+    }
+    raw = dict(
+        BASE_CONFIG,
+        hidden_size=2,
+        moe_intermediate_size=2,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        n_shared_experts=1,
+        topk_method="greedy",
+        mlp_layer_types=["sparse"] * 4,
+        swiglu_limit=limit,
+    )
+    config = ref.Config(raw)
+    assert config.swiglu_limit == 1.0 and config.routed_scaling_factor == 2.5
+    r = ref.Reference(config, DictCheckpoint(stored))
+    x = f64([[1.0, 1.0]])
+    h = [silu(1.0) * 1.0, silu(-3.0) * -1.0]
+    assert abs(h[0] - 0.7310585786300049) < 1e-15 and abs(h[1] - 0.14227761953270035) < 1e-15
+    expert = [h[0] + 2.0 * h[1], -h[0] + 0.5 * h[1]]
+    assert abs(expert[0] - 1.0156138177) < 1e-10 and abs(expert[1] - -0.6599197688) < 1e-10
+    shared = [silu(0.5) * 0.5, silu(-0.25) * 1.0]
+    want = [2.5 * e + s for e, s in zip(expert, shared)]
+    with torch.no_grad():
+        got = r._moe(m, x)
+        expert_alone = r._mlp(m + ".experts.0", x)  # outside a MoE layer: no clamp
+    assert max_diff(got, f64([want])) < 1e-14, (got, want)
+    unclamped = [silu(2.0) * 3.0, silu(-3.0) * -2.0]
+    want_alone = [unclamped[0] + 2.0 * unclamped[1], -unclamped[0] + 0.5 * unclamped[1]]
+    assert max_diff(expert_alone, f64([want_alone])) < 1e-14, (expert_alone, want_alone)
+    # The same layer without the key: every expert unclamped.
+    r = ref.Reference(ref.Config(dict(raw, swiglu_limit=None)), DictCheckpoint(stored))
+    shared_unclamped = [silu(0.5) * 0.5, silu(-0.25) * 1.5]
+    want = [2.5 * e + s for e, s in zip(want_alone, shared_unclamped)]
+    with torch.no_grad():
+        assert max_diff(r._moe(m, x), f64([want])) < 1e-14
+
+
+def test_swiglu_limit_model(tmp):
+    """swiglu_limit 0.5 in config.json (f32 weights, layers dense, MoE, dense, MoE) clamps some
+    gate and up values of MoE experts, only there, and moves the logits; 1e9 equals no limit.
+    On the FP8 checkpoint the MTP layer (MoE) is clamped too."""
+    plain, _ = run(_model_dirs(tmp)["f32"], dense_window=4)
+    limited_dir = _with_limit(tmp, "f32", 0.5)
+    r = reference(limited_dir, dense_window=4)
+    assert r.config.swiglu_limit == 0.5
+    seen = []
+    swiglu = ref.swiglu
+
+    def recording(gate, up, limit=None):
+        seen.append((limit, bool((gate > 0.5).any()), bool((up.abs() > 0.5).any())))
+        return swiglu(gate, up, limit)
+
+    ref.swiglu = recording
+    try:
+        with torch.no_grad():
+            limited, _ = r.forward(TOKENS)
+    finally:
+        ref.swiglu = swiglu
+    # Dense layers 0 and 2 run one unclamped MLP each; layers 1 and 3 run experts + shared, clamped.
+    assert [limit for limit, _, _ in seen].count(None) == 2 and len(seen) > 2, seen
+    assert all(limit in (None, 0.5) for limit, _, _ in seen)
+    assert any(g for limit, g, _ in seen if limit) and any(u for limit, _, u in seen if limit), seen
+    assert max_diff(plain, limited) > 1e-3, max_diff(plain, limited)
+    huge, _ = run(_with_limit(tmp, "f32", 1e9), dense_window=4)
+    assert max_diff(plain, huge) < 1e-12
+    # Layer by layer: the limit leaves a dense layer's output as it is and changes a MoE layer's.
+    unlimited = reference(_model_dirs(tmp)["f32"], dense_window=4)
+    config = r.config
+    hidden = r._weight(r._embedding_and_head()[0])[torch.tensor(TOKENS, dtype=torch.long)]
+    cos, sin = ds.rope_tables(config, len(TOKENS))
+    with torch.no_grad():
+        for layer in range(config.num_layers):
+            with_limit, _ = r._decoder_layer(layer, hidden, cos, sin, None)
+            without, _ = unlimited._decoder_layer(layer, hidden, cos, sin, None)
+            if config.mlp_type(layer) == "dense":
+                assert torch.equal(with_limit, without), layer
+            else:
+                assert max_diff(with_limit, without) > 1e-3, layer
+            hidden = without
+    # MTP (a MoE layer): the clamp reaches the MTP logits beyond what the main model changes.
+    fp8 = reference(_model_dirs(tmp)["fp8"], dense_window=4)
+    fp8_limited = reference(_with_limit(tmp, "fp8", 0.5), dense_window=4)
+    assert fp8_limited.config.mlp_type(fp8_limited.config.num_layers) == "sparse"
+    with torch.no_grad():
+        main_hidden, _ = fp8.hidden_states(TOKENS)
+        y, _ = fp8._mtp_layer(main_hidden[:-1], TOKENS[1:])
+        y_limited, _ = fp8_limited._mtp_layer(main_hidden[:-1], TOKENS[1:])
+    assert max_diff(y, y_limited) > 1e-3
+
+
+def test_swiglu_limit_dense_model(tmp):
+    """A model whose every MLP is dense (MTP included: first_k_dense_replace 5 > 4 layers) gives
+    the same logits and MTP logits with and without swiglu_limit."""
+    raw = dict(f32_config(), first_k_dense_replace=5, num_nextn_predict_layers=1)
+    del raw["mlp_layer_types"]
+    directory = os.path.join(tmp, "all_dense")
+    if not os.path.exists(directory):
+        make_checkpoint(directory, raw, 24, "F32", "F32")
+    limited_dir = os.path.join(tmp, "all_dense_limit")
+    if not os.path.exists(limited_dir):
+        make_checkpoint(limited_dir, dict(raw, swiglu_limit=0.1), 24, "F32", "F32")
+    plain, limited = reference(directory, dense_window=4), reference(limited_dir, dense_window=4)
+    assert limited.config.swiglu_limit == 0.1
+    assert [limited.config.mlp_type(i) for i in range(5)] == ["dense"] * 5
+    with torch.no_grad():
+        assert torch.equal(plain.forward(TOKENS)[0], limited.forward(TOKENS)[0])
+        assert torch.equal(plain.mtp_logits(TOKENS), limited.mtp_logits(TOKENS))
 
 
 def test_command_line(tmp):
@@ -714,6 +875,9 @@ TESTS = [
     test_sparse_selection,
     test_nope,
     test_fp8_and_mtp,
+    test_swiglu_limit_hand_expert,
+    test_swiglu_limit_model,
+    test_swiglu_limit_dense_model,
     test_config_rules,
     test_command_line,
 ]

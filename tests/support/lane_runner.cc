@@ -160,6 +160,7 @@ absl::StatusOr<std::vector<std::vector<float>>> TeacherForcedLogits(
       blocks.push_back(static_cast<int32_t>(blocks.size()));
     }
     step.block_ids = blocks;
+    step.state_slot = 0;  // models with recurrent layers (a pool with state slots)
     for (size_t i = 0; i < n; ++i) step.logit_offsets.push_back(static_cast<int32_t>(i));
     in.seqs.push_back(step);
     auto out = backend->Step(in);

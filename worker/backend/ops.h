@@ -228,8 +228,10 @@ class ComputeOps {
   virtual void GatedRmsNorm(float* x, const float* gate, absl::Span<const float> w, int heads,
                             int dim, float eps, int rows) = 0;
 
-  // gate = silu(gate) * up, elementwise over [rows][cols].
-  virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) = 0;
+  // gate = silu(gate) * up, elementwise over [rows][cols]; with limit > 0
+  // the clamped SwiGLU silu(min(gate, limit)) * clamp(up, -limit, limit).
+  virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols,
+                       float limit = 0.0f) = 0;
   // x = x + y over n floats (the residual stream).
   virtual void Add(float* x, const float* y, int64_t n) = 0;
   // Decode context parallel: the group's ranks each keep the latent rows of

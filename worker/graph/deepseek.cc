@@ -73,7 +73,8 @@ DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
       cfg_(model_->config),
       shard_(model_->shard),
       inv_freq_(RopeInverseFrequencies(cfg_)),
-      scale_(SoftmaxScale(cfg_)) {
+      scale_(SoftmaxScale(cfg_)),
+      linear_(LocalLinear(cfg_, shard_)) {
   const MlaConfig& m = cfg_.mla;
   const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
   int kv_layers = 0;
@@ -98,8 +99,14 @@ DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
   }
 }
 
+LinearAttentionConfig DeepseekGraph::LocalLinear(const ModelConfig& config, const TpShard& shard) {
+  LinearAttentionConfig local = config.linear;
+  local.heads = shard.linear_heads;
+  return local;
+}
+
 std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config,
-                                                       const TpShard& /*shard*/) {
+                                                       const TpShard& shard) {
   LayerCacheSpec latent;
   latent.kind = CacheKind::kLatentKv;
   latent.kv_heads = 1;
@@ -112,7 +119,7 @@ std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config
   std::vector<LayerCacheSpec> caches(config.layers, latent);
   LayerCacheSpec state;
   state.kind = CacheKind::kRecurrentState;
-  state.state_floats = config.linear.StateFloats();
+  state.state_floats = LocalLinear(config, shard).StateFloats();
   for (int l = 0; l < config.layers; ++l) {
     if (config.linear.Linear(l)) caches[l] = state;
   }
@@ -210,7 +217,7 @@ void DeepseekGraph::Hidden(const RoundInput& round, const float* x, int rows, Co
 
 void DeepseekGraph::LinearAttention(int layer, const float* xb, int rows, ComputeOps* ops,
                                     float* out) {
-  const LinearAttentionConfig& c = cfg_.linear;
+  const LinearAttentionConfig& c = linear_;  // this rank's heads
   const KdaWeights& w = model_->layers[layer].kda;
   const int D = cfg_.hidden, H = c.heads, HD = c.head_dim;
   const int64_t T = rows, C = int64_t{H} * HD;
@@ -379,11 +386,11 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
 }
 
 void DeepseekGraph::GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows,
-                             ComputeOps* ops, float* out) {
+                             ComputeOps* ops, float* out, float limit) {
   float* gate = ops->Scratch(kGate, int64_t{rows} * inter);
   float* up = ops->Scratch(kUp, int64_t{rows} * inter);
   ops->MatMulShared({{&m.w_gate, gate, inter}, {&m.w_up, up, inter}}, in, cfg_.hidden, rows);
-  ops->SiluMul(gate, up, rows, inter);
+  ops->SiluMul(gate, up, rows, inter, limit);
   ops->MatMul(m.w_down, gate, inter, rows, out, cfg_.hidden);
 }
 
@@ -427,13 +434,13 @@ void DeepseekGraph::Moe(const LayerWeights& w, const float* xb, int rows, Comput
     float* in = ops->Scratch(kExpertIn, int64_t{n} * D);
     float* res = ops->Scratch(kExpertOut, int64_t{n} * D);
     ops->SelectRows(xb, D, expert_tokens_[x], in);
-    GatedMlp(w.moe.experts[x - x0], shard_.expert_intermediate, in, n, ops, res);
+    GatedMlp(w.moe.experts[x - x0], shard_.expert_intermediate, in, n, ops, res, e.swiglu_limit);
     ops->ScatterRows(res, D, expert_slots_[x], slots);
   }
   ops->WeightedRowSum(slots, weights_.data(), k, T, D, out);
   if (e.n_shared > 0) {
     float* shared = ops->Scratch(kShared, T * D);
-    GatedMlp(w.moe.shared, shard_.shared_intermediate, xb, rows, ops, shared);
+    GatedMlp(w.moe.shared, shard_.shared_intermediate, xb, rows, ops, shared, e.swiglu_limit);
     ops->Add(out, shared, T * D);
   }
 }

@@ -62,6 +62,8 @@ class DeepseekGraph final : public ModelGraph {
   // `model` is this rank's shard (the whole model when not sharded).
   explicit DeepseekGraph(std::shared_ptr<const ModelWeights> model);
 
+  // The linear-attention shape on `shard`'s heads.
+  static LinearAttentionConfig LocalLinear(const ModelConfig& config, const TpShard& shard);
   // One latent cache per layer: kv_lora_rank + qk_rope_head_dim values per token.
   static std::vector<LayerCacheSpec> LayerCaches(const ModelConfig& config, const TpShard& shard);
 
@@ -83,8 +85,9 @@ class DeepseekGraph final : public ModelGraph {
   // glm5_next's Kimi Delta Attention (LinearAttentionConfig) of one layer.
   void LinearAttention(int layer, const float* xb, int rows, ComputeOps* ops, float* out);
   void Moe(const LayerWeights& w, const float* xb, int rows, ComputeOps* ops, float* out);
+  // `limit` > 0: the clamped SwiGLU (MoeConfig::swiglu_limit).
   void GatedMlp(const GatedMlpWeights& m, int inter, const float* in, int rows, ComputeOps* ops,
-                float* out);
+                float* out, float limit = 0.0f);
   // An MTP drafter's input rows into x, which holds the embeddings.
   void MtpInput(const RoundInput& round, int rows, ComputeOps* ops, float* x);
   // The round's hidden states (want_hidden) from x into out->hidden.
@@ -93,9 +96,10 @@ class DeepseekGraph final : public ModelGraph {
   const std::shared_ptr<const ModelWeights> model_;
   const ModelConfig& cfg_;
   const TpShard& shard_;
-  const std::vector<float> inv_freq_;  // of the rope part
-  const float scale_;                  // the attention softmax scale
-  std::vector<LayerViews> views_;      // per layer (empty for linear-attention layers)
+  const std::vector<float> inv_freq_;   // of the rope part
+  const float scale_;                   // the attention softmax scale
+  const LinearAttentionConfig linear_;  // the KDA layers on this rank's heads
+  std::vector<LayerViews> views_;       // per layer (empty for linear-attention layers)
   // Per layer: its index in the KV pool, which holds the attention layers
   // only (-1 for a linear-attention layer, whose state is in a slot).
   std::vector<int> kv_layer_;

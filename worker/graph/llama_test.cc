@@ -128,9 +128,9 @@ class CountingOps final : public ComputeOps {
     ++calls["GatedRmsNorm"];
     real_.GatedRmsNorm(x, gate, w, heads, dim, eps, rows);
   }
-  void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override {
+  void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols, float limit) override {
     ++calls["SiluMul"];
-    real_.SiluMul(gate, up, rows, cols);
+    real_.SiluMul(gate, up, rows, cols, limit);
   }
   void Add(float* x, const float* y, int64_t n) override {
     ++calls["Add"];

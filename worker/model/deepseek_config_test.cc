@@ -285,6 +285,7 @@ TEST(DeepseekConfigTest, Glm5NextLayersAndStateAreRead) {
   EXPECT_EQ(c.linear.head_dim, 128);
   EXPECT_TRUE(c.linear.has_lower_bound);
   EXPECT_EQ(c.linear.lower_bound, -5.0f);
+  EXPECT_EQ(c.moe.swiglu_limit, 0.0f);
   int linear = 0;
   for (int l = 0; l < c.layers; ++l) linear += c.linear.Linear(l);
   EXPECT_EQ(linear, 34);
@@ -317,7 +318,7 @@ TEST(DeepseekConfigTest, BadGlm5NextConfigsNameTheField) {
       {"linear_lower_bound", 2.0, absl::StatusCode::kInvalidArgument, "linear_lower_bound"},
       {"hc_mult", 4, absl::StatusCode::kUnimplemented, "hc_mult"},
       {"index_kpool", true, absl::StatusCode::kUnimplemented, "index_kpool"},
-      {"swiglu_limit", 7.0, absl::StatusCode::kUnimplemented, "swiglu_limit"},
+      {"swiglu_limit", -7.0, absl::StatusCode::kInvalidArgument, "swiglu_limit"},
       {"indexer_types", Json::array({"full"}), absl::StatusCode::kUnimplemented, "indexer_types"},
       {"qk_rope_head_dim", -2, absl::StatusCode::kInvalidArgument, "qk_rope_head_dim"},
   };

@@ -231,10 +231,21 @@ absl::Status ParseLinearAttention(const Json& j, absl::string_view path, ModelCo
     }
   }
   for (const char* key :
-       {"index_kpool", "swiglu_limit", "indexer_types", "index_topk_pattern", "index_topk_freq"}) {
+       {"index_kpool", "indexer_types", "index_topk_pattern", "index_topk_freq"}) {
     if (Present(j, key) && !(j[key].is_boolean() && !j[key].get<bool>())) {
       return Unsupported(path, key, "is not supported for glm5_next yet");
     }
+  }
+  // The clamped SwiGLU of the MoE layers' experts; 0 or false: none.
+  if (Present(j, "swiglu_limit") &&
+      !(j["swiglu_limit"].is_boolean() && !j["swiglu_limit"].get<bool>())) {
+    float limit = 0.0f;
+    if (absl::Status s = GetFloat(j, "swiglu_limit", path, &limit); !s.ok()) return s;
+    if (!(limit >= 0.0f) || !std::isfinite(limit)) {
+      return Invalid(path, "swiglu_limit",
+                     absl::StrCat("must be a positive number (or 0 for none), got ", limit));
+    }
+    c->moe.swiglu_limit = limit;
   }
   LinearAttentionConfig& x = c->linear;
   if (!Present(j, "layer_types")) return Invalid(path, "layer_types", "is missing");

@@ -843,6 +843,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& path)
     (*w)->shard.expert_intermediate = c.moe.expert_intermediate;
     (*w)->shard.shared_intermediate = c.moe.n_shared * c.moe.expert_intermediate;
     (*w)->shard.experts = c.moe.n_routed;
+    (*w)->shard.linear_heads = c.linear.heads;
   }
   return w;
 }

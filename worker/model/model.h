@@ -59,8 +59,11 @@ struct MoeConfig {
   int topk_group = 1;
   float routed_scaling = 1.0f;
   bool norm_topk_prob = true;
-  bool sigmoid_scoring = true;     // false: softmax
-  bool correction_bias = true;     // topk_method noaux_tc
+  bool sigmoid_scoring = true;  // false: softmax
+  bool correction_bias = true;  // topk_method noaux_tc
+  // glm5_next's clamped SwiGLU in the MoE layers' experts (routed and
+  // shared): silu(min(gate, limit)) * clamp(up, -limit, limit). 0: none.
+  float swiglu_limit = 0.0f;
   std::vector<bool> sparse_layer;  // per layer: MoE (true) or the dense MLP
 };
 
@@ -246,8 +249,8 @@ struct IndexerWeights {
 };
 
 // A Kimi Delta Attention mixer (LinearAttentionConfig), in the names of
-// Kimi Linear's checkpoints. A TP shard would hold its heads' rows of the
-// q/k/v/f_b/g_b projections and columns of o; not sharded yet.
+// Kimi Linear's checkpoints. A TP shard holds its heads' parts
+// (TpShard::linear_heads).
 struct KdaWeights {
   Matrix wq, wk, wv;                          // [heads * head_dim, hidden]
   std::vector<float> conv_q, conv_k, conv_v;  // [heads * head_dim][conv_kernel]
@@ -355,6 +358,10 @@ struct TpShard {
   // all of them under tensor parallelism, n_routed / world under expert
   // parallelism (each then whole: expert_intermediate is the full width).
   int expert0 = 0, experts = 0;
+  // Linear-attention (KDA) heads [linear_head0, linear_head0 + linear_heads):
+  // their rows of q/k/v, f_b, g_b and b_proj, their convolution channels,
+  // decay parameters and columns of o_proj (f_a and g_a are whole).
+  int linear_head0 = 0, linear_heads = 0;
 };
 
 // DeepSeek-V3 / GLM-5's multi-token prediction layer

@@ -14,12 +14,9 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside a group of ", world));
   }
   if (world == 1) return full;
-  if (!c.linear.linear_layer.empty() &&
-      std::find(c.linear.linear_layer.begin(), c.linear.linear_layer.end(), true) !=
-          c.linear.linear_layer.end()) {
-    return absl::UnimplementedError(
-        "linear-attention (KDA) layers do not run tensor-parallel yet: serve this model on one "
-        "rank per group");
+  if (c.linear.heads % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.linear.heads, " linear-attention heads do not split over ", world, " ranks"));
   }
   if (c.heads % world != 0) {
     return absl::InvalidArgumentError(
@@ -83,6 +80,8 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     split(c.moe.expert_intermediate, &t.expert_inter0, &t.expert_intermediate);
   }
   split(c.moe.n_shared * c.moe.expert_intermediate, &t.shared_inter0, &t.shared_intermediate);
+  t.linear_heads = c.linear.heads / world;
+  t.linear_head0 = rank * t.linear_heads;
 
   const int64_t hd = c.head_dim;
   s->embed = full->embed.Rows(t.vocab0, t.vocab);
@@ -100,12 +99,38 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
   const MlaConfig& m = c.mla;
   const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
-  for (const LayerWeights& l : full->layers) {
+  // A KDA mixer's heads: rows of the head-wise projections, slices of the
+  // per-channel vectors (the convolutions' taps follow their channel).
+  const int64_t lhd = c.linear.head_dim, K = c.linear.conv_kernel;
+  const int64_t c0 = int64_t{t.linear_head0} * lhd, cn = int64_t{t.linear_heads} * lhd;
+  auto slice = [](const std::vector<float>& v, int64_t begin, int64_t n) {
+    return std::vector<float>(v.begin() + begin, v.begin() + begin + n);
+  };
+  for (size_t layer = 0; layer < full->layers.size(); ++layer) {
+    const LayerWeights& l = full->layers[layer];
     LayerWeights o;
     o.attn_norm = l.attn_norm;
     o.ffn_norm = l.ffn_norm;
     o.sparse = l.sparse;
-    if (IsMla(c)) {
+    if (c.linear.Linear(static_cast<int>(layer))) {
+      const KdaWeights& k = l.kda;
+      KdaWeights& q = o.kda;
+      q.wq = k.wq.Rows(c0, cn);
+      q.wk = k.wk.Rows(c0, cn);
+      q.wv = k.wv.Rows(c0, cn);
+      q.conv_q = slice(k.conv_q, c0 * K, cn * K);
+      q.conv_k = slice(k.conv_k, c0 * K, cn * K);
+      q.conv_v = slice(k.conv_v, c0 * K, cn * K);
+      q.a_log = slice(k.a_log, t.linear_head0, t.linear_heads);
+      q.dt_bias = slice(k.dt_bias, c0, cn);
+      q.f_a = k.f_a;
+      q.f_b = k.f_b.Rows(c0, cn);
+      q.b = k.b.Rows(t.linear_head0, t.linear_heads);
+      q.g_a = k.g_a;
+      q.g_b = k.g_b.Rows(c0, cn);
+      q.o_norm = k.o_norm;
+      q.wo = k.wo.Cols(c0, cn);
+    } else if (IsMla(c)) {
       // The latent and its norm are every head's: each rank computes them
       // whole (the down projections are small) and keeps its heads' rows of
       // the up projections.

@@ -201,6 +201,7 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     j["linear_head_dim"] = c.linear.head_dim;
     j["linear_conv_kernel_dim"] = c.linear.conv_kernel;
     if (c.linear.has_lower_bound) j["linear_lower_bound"] = c.linear.lower_bound;
+    if (c.moe.swiglu_limit > 0.0f) j["swiglu_limit"] = c.moe.swiglu_limit;
   }
   if (c.indexer.topk > 0) {
     j["index_topk"] = c.indexer.topk;
@@ -407,10 +408,10 @@ absl::StatusOr<SyntheticModelOptions> SyntheticPreset(std::string_view name) {
     o.layer_types = "LLLF";
     return o;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown synthetic model preset '", std::string(name),
-      "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny, glm5-small, glm5-next-tiny or "
-      "glm5-next-small)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown synthetic model preset '", std::string(name),
+                   "' (expected tiny, 1b1, deepseek-tiny, glm5-tiny, glm5-small, glm5-next-tiny or "
+                   "glm5-next-small)"));
 }
 
 absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
@@ -466,6 +467,7 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
       c.linear.conv_kernel = o.linear_conv_kernel;
       c.linear.has_lower_bound = o.linear_lower_bound < 0.0f;
       c.linear.lower_bound = o.linear_lower_bound;
+      c.moe.swiglu_limit = o.swiglu_limit;
     }
     if (o.family != "deepseek_v3") {
       c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim,

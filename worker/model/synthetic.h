@@ -90,6 +90,8 @@ struct SyntheticModelOptions {
   int linear_head_dim = 16;
   int linear_conv_kernel = 4;
   float linear_lower_bound = 0.0f;
+  // glm5_next: > 0 writes swiglu_limit (the MoE experts' clamped SwiGLU).
+  float swiglu_limit = 0.0f;
 };
 
 // Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:

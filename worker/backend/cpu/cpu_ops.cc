@@ -605,13 +605,21 @@ void CpuOps::WeightedRowSum(const float* y, const float* weights, int k, int64_t
   });
 }
 
-void CpuOps::SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) {
+void CpuOps::SiluMul(float* gate, const float* up, int64_t rows, int64_t cols, float limit) {
   // Tasks of 16 rows: the split only decides which thread computes an
   // element, never its value.
   const int64_t T = rows, I = cols;
   const int64_t row_tasks = (T + 15) / 16;
   pool_->ParallelFor(row_tasks, [&](int64_t task, int) {
     const int64_t end = std::min(T, task * 16 + 16) * I;
+    if (limit > 0.0f) {
+      for (int64_t i = task * 16 * I; i < end; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * u;
+      }
+      return;
+    }
     for (int64_t i = task * 16 * I; i < end; ++i) {
       const float g = gate[i];
       gate[i] = g * (1.0f / (1.0f + std::exp(-g))) * up[i];

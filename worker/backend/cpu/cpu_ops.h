@@ -80,7 +80,8 @@ class CpuOps final : public ComputeOps {
   void KdaMix(int layer, const KdaInput& in, float* out) override;
   void GatedRmsNorm(float* x, const float* gate, absl::Span<const float> w, int heads, int dim,
                     float eps, int rows) override;
-  void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols) override;
+  void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols,
+               float limit = 0.0f) override;
   void Add(float* x, const float* y, int64_t n) override;
   int context_parallel() const override { return dcp_world_; }
   int context_rank() const override { return dcp_rank_; }
