@@ -41,17 +41,19 @@ std::string HybridModel() {
 
 struct Outcome {
   std::vector<testing::CallOut> solo, together;
-  double drafted = 0, rejected = 0;
+  double drafted = 0, rejected = 0, preemptions = 0;
 };
 
 // The requests one at a time, then all five at once (resends of the same
 // prompts), on a fresh cluster with the router's `spec_flags`.
 Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
-                    const std::vector<std::string>& spec_flags) {
+                    const std::vector<std::string>& spec_flags,
+                    const std::vector<std::string>& worker_flags = {}) {
   Outcome out;
   testing::ClusterOptions co;
   co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
                      "--state_checkpoint_interval=16"};
+  co.worker_flags.insert(co.worker_flags.end(), worker_flags.begin(), worker_flags.end());
   co.router_flags = {"--round_token_budget=24", "--max_lanes=8"};
   co.router_flags.insert(co.router_flags.end(), spec_flags.begin(), spec_flags.end());
   auto c = testing::StartCluster(co);
@@ -59,6 +61,7 @@ Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
   if (c == nullptr) return out;
   for (const v1::GenerateRequest& r : requests) out.solo.push_back(testing::Call(*c->stub, r));
   out.together.resize(requests.size());
+  out.preemptions = 0;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < requests.size(); ++i) {
     threads.emplace_back([&, i] { out.together[i] = testing::Call(*c->stub, requests[i]); });
@@ -69,6 +72,7 @@ Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
   if (metrics.ok()) {
     out.drafted = testing::Metric(metrics->body, "ringlane_spec_drafted_tokens_total");
     out.rejected = testing::Metric(metrics->body, "ringlane_spec_rejected_tokens_total");
+    out.preemptions = testing::Metric(metrics->body, "ringlane_preemptions_total");
   }
   return out;
 }
@@ -89,12 +93,18 @@ TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
     requests.push_back(r);
   }
   const Outcome off = RunRequests(requests, {"--spec_drafters=none"});
+  // A pool of 10 blocks for three lanes of 3 to 6 blocks each: lanes
+  // are preempted and come back as new lanes that resume from the
+  // checkpoints of what they had computed.
+  const Outcome tight = RunRequests(requests, {"--spec_drafters=none"}, {"--kv_blocks=10"});
   // Drafts every step, however badly they fare: rejected drafts rewind the
   // lanes' states (the workers feed the kept tokens again).
   const Outcome on = RunRequests(
       requests, {"--spec_drafters=ngram,suffix", "--spec_adaptive=false", "--spec_gate=false"});
   ASSERT_EQ(off.solo.size(), requests.size());
   ASSERT_EQ(on.solo.size(), requests.size());
+  ASSERT_EQ(tight.together.size(), requests.size());
+  EXPECT_GT(tight.preemptions, 0);
   EXPECT_EQ(off.drafted, 0);
   EXPECT_GT(on.drafted, 0);
   EXPECT_GT(on.rejected, 0);
@@ -103,6 +113,11 @@ TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
     const testing::ChoiceOut& want = off.solo[i].choices.at(0);
     ASSERT_TRUE(off.solo[i].status.ok()) << off.solo[i].status.error_message();
     ASSERT_EQ(want.ids.size(), static_cast<size_t>(requests[i].max_tokens()));
+    for (const testing::CallOut* got : {&tight.solo[i], &tight.together[i]}) {
+      ASSERT_TRUE(got->status.ok()) << got->status.error_message();
+      EXPECT_EQ(got->choices.at(0).ids, want.ids);
+      EXPECT_EQ(got->choices.at(0).logprobs, want.logprobs);
+    }
     for (const Outcome* run : {&off, &on}) {
       for (const testing::CallOut* got : {&run->solo[i], &run->together[i]}) {
         ASSERT_TRUE(got->status.ok()) << got->status.error_message();
