@@ -829,10 +829,12 @@ TESTS = [
 ]
 
 
-def main():
+def run_tests(tests):
+    """Runs each test(tmp_dir), reports every failure, returns the exit code (also used by
+    glm5_next_reference_selftest.py)."""
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for test in TESTS:
+        for test in tests:
             try:
                 test(tmp)
             except (Exception, SystemExit):  # the reference exits on bad input; report every failure
@@ -844,6 +846,10 @@ def main():
                 print(f"ok   {test.__name__}")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def main():
+    return run_tests(TESTS)
 
 
 if __name__ == "__main__":
