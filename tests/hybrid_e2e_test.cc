@@ -5,7 +5,10 @@
 // identical resends they resume from the state checkpoint of their longest
 // cached prefix (reported as cached tokens: a multiple of the checkpoint
 // interval); with speculative decoding on, rejected drafts rewind the lanes'
-// states and every token and logprob is the same as with it off.
+// states and every token and logprob is the same as with it off. A prefix
+// the device pool evicted comes back from the kvstore, its latent KV,
+// indexer keys and state checkpoints together, and resumes at the restored
+// checkpoint with the same tokens and logprobs as cold.
 #include <unistd.h>
 
 #include <string>
@@ -19,6 +22,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/daemon.h"
 #include "tests/support/http_probe.h"
+#include "tests/support/kvstore.h"
 #include "worker/model/synthetic.h"
 
 namespace ringlane {
@@ -133,6 +137,72 @@ TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
     }
   }
 }
+
+std::vector<int32_t> Prompt(int seed, int n) {
+  std::vector<int32_t> p = {1};
+  for (int i = 1; i < n; ++i) p.push_back(3 + (seed * 131 + i * 7) % 500);
+  return p;
+}
+
+// The pool (12 blocks of 16) holds one 100-token prompt and its output at a
+// time, and four checkpoint slots fewer than the prompts' checkpoints: the
+// first prompt leaves the pool, and its checkpoints the ledger, before it is
+// sent again; the resend resumes from the kvstore at the last checkpoint the
+// store holds (96, a multiple of the 32-token interval that is decoupled
+// from the block size).
+class HybridKvstore : public ::testing::TestWithParam<int> {};
+
+TEST_P(HybridKvstore, AnEvictedPrefixResumesFromTheKvstoreAtItsCheckpoint) {
+  auto kv = testing::StartKvstore({});
+  ASSERT_NE(kv, nullptr);
+  testing::ClusterOptions co;
+  co.world = GetParam();  // under TP every rank stores its heads' state
+  co.worker_flags = {
+      "--model=" + HybridModel(), "--state_slots=3",  "--dsa_dense_window=20",
+      "--kv_blocks=12",           "--block_size=16",  "--state_checkpoint_interval=32",
+      "--state_checkpoints=4",    "--metrics_port=0", "--kvstore=" + kv->address("kvstore")};
+  co.router_flags = {"--round_token_budget=40"};
+  auto c = testing::StartCluster(co);
+  ASSERT_NE(c, nullptr);
+  auto request = [](const std::vector<int32_t>& p) {
+    v1::GenerateRequest r = testing::GreedyRequest(p, 12);
+    r.set_logprobs(true);
+    r.mutable_sampling()->set_top_logprobs(2);
+    return r;
+  };
+  const std::vector<int32_t> p = Prompt(0, 100);
+  const testing::CallOut cold = testing::Call(*c->stub, request(p));
+  ASSERT_TRUE(cold.status.ok()) << cold.status.error_message();
+  EXPECT_EQ(cold.usage.cached_tokens(), 0);
+  // Six full blocks, three of them (ending at 32, 64, 96) with their
+  // checkpoints.
+  auto store = testing::KvClient(*kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = store->Stats();
+    return s.ok() && s->blocks_stored() >= 6;
+  })) << "the prompt's blocks were never offloaded";
+  for (int seed : {1, 2}) {
+    const testing::CallOut other = testing::Call(*c->stub, request(Prompt(seed, 100)));
+    ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  }
+  auto before = testing::GetOnce(c->http(), "/metrics");
+  ASSERT_TRUE(before.ok());
+  const testing::CallOut back = testing::Call(*c->stub, request(p));
+  ASSERT_TRUE(back.status.ok()) << back.status.error_message();
+  EXPECT_EQ(back.choices.at(0).ids, cold.choices.at(0).ids);
+  EXPECT_EQ(back.choices.at(0).logprobs, cold.choices.at(0).logprobs);
+  EXPECT_EQ(back.choices.at(0).top_ids, cold.choices.at(0).top_ids);
+  EXPECT_EQ(back.choices.at(0).top_logprobs, cold.choices.at(0).top_logprobs);
+  EXPECT_EQ(back.usage.cached_tokens(), 96);
+  auto after = testing::GetOnce(c->http(), "/metrics");
+  ASSERT_TRUE(after.ok());
+  EXPECT_GT(testing::Metric(after->body, "ringlane_kvstore_restored_tokens_total"),
+            testing::Metric(before->body, "ringlane_kvstore_restored_tokens_total"));
+  EXPECT_GT(c->workers->RankMetric("ringlane_worker_kvstore_state_checkpoints_restored_total"), 0);
+  EXPECT_GT(c->workers->RankMetric("ringlane_worker_kvstore_state_checkpoints_offloaded_total"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, HybridKvstore, ::testing::Values(1, 2));
 
 // What the worker cannot run yet for this model, it refuses at start.
 TEST(HybridE2e, WorkerRefusesWhatNeedsStateCheckpoints) {

@@ -169,6 +169,94 @@ TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
   EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
 }
 
+// A model with recurrent layers (glm5_next, TP2): a block offloaded with
+// the state checkpoint of its end is one entry per rank (the state is
+// sharded by heads) under its own fingerprint; a checkpoint that does not
+// hold that position's state keeps its block out of the store; a restore
+// that expects another position stops before writing anything; the restored
+// block and checkpoint resume a lane with the same token and log-probability.
+TEST(WorkerKvstoreTest, StateCheckpointsTravelWithTheirBlocks) {
+  auto o = worker::SyntheticPreset("glm5-next-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_kvstore_state_" + std::to_string(getpid());
+  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
+  ASSERT_NE(kv, nullptr);
+  const std::vector<std::string> flags = {"--kv_blocks=16",
+                                          "--block_size=16",
+                                          "--state_checkpoint_interval=32",
+                                          "--state_checkpoints=4",
+                                          "--kvstore=" + kv->address("kvstore"),
+                                          "--model=" + o->out_dir};
+  WorkerGroup a = StartGroup(2, flags);
+  WorkerGroup b = StartGroup(2, flags);
+  auto ca = ConnectGroup(a);
+  auto cb = ConnectGroup(b);
+  ASSERT_TRUE(ca && cb);
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 41; ++i) prompt.push_back((i * 37 + 11) % o->vocab);
+  v1::RoundPlan first = testing::OneRowPlan(1, 0, prompt, {0, 1, 2});
+  v1::StateCheckpoint* save = first.mutable_rows(0)->add_state_checkpoints();
+  save->set_position(32);
+  save->set_slot(0);
+  auto ra = ca->Run(first);
+  ASSERT_TRUE(ra.ok() && ra->error().code() == 0) << (ra.ok() ? ra->error().message() : "");
+  v1::RoundPlan next = testing::OneRowPlan(2, 0, {1, 2, 3}, {3});
+  auto offload = [&](int32_t block, char c, int32_t slot, int64_t position) {
+    v1::KvBlockRef* off = next.add_offloads();
+    off->set_block_id(block);
+    off->set_prefix_hash(Hash(c));
+    if (slot >= 0) {
+      off->set_state_checkpoint(slot);
+      off->set_state_position(position);
+    }
+  };
+  offload(0, 'p', -1, 0);
+  offload(1, 'q', 0, 32);
+  offload(2, 'r', 1, 48);  // slot 1 holds no state of 48 positions
+  auto rn = ca->Run(next);
+  ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
+  auto client = testing::KvClient(*kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = client->Stats();
+    return s.ok() && s->blocks_stored() == 4;
+  })) << "the offloads never reached the store";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->blocks_stored(), 4) << "p and q on each rank, never r";
+
+  auto restore = [](int64_t position) {
+    v1::RestoreKvBlocksRequest r = Restore({{7, 'p'}, {3, 'q'}});
+    r.mutable_blocks(1)->set_state_checkpoint(2);
+    r.mutable_blocks(1)->set_state_position(position);
+    return r;
+  };
+  for (int r = 0; r < 2; ++r) {
+    v1::RestoreKvBlocksResponse resp;
+    grpc::Status st = CallRestore(b.rank(r).address(), restore(64), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.num_restored(), 1);
+    EXPECT_THAT(resp.stopped(), HasSubstr("32 positions, expected 64"));
+    // Nothing past the pool's checkpoints, nor without recurrent layers.
+    v1::RestoreKvBlocksRequest bad = restore(32);
+    bad.mutable_blocks(1)->set_state_checkpoint(4);
+    EXPECT_EQ(CallRestore(b.rank(r).address(), bad, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    st = CallRestore(b.rank(r).address(), restore(32), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.num_restored(), 2) << "rank " << r << ": " << resp.stopped();
+  }
+  std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
+  v1::RoundPlan resume = testing::OneRowPlan(1, 32, rest, {7, 3, 5});
+  resume.mutable_rows(0)->set_resume_checkpoint(2);
+  auto rb = cb->Run(resume);
+  ASSERT_TRUE(rb.ok() && rb->error().code() == 0) << rb->error().message();
+  EXPECT_EQ(rb->outputs(0).tokens(0).token_id(), ra->outputs(0).tokens(0).token_id());
+  EXPECT_EQ(rb->outputs(0).tokens(0).logprob(), ra->outputs(0).tokens(0).logprob());
+}
+
 // Decode context parallel: each rank's block holds its own half of the
 // block's 32 positions, so each rank offloads and restores under its own key
 // (together one copy of the latent, not one per rank), and a group of the
@@ -364,6 +452,12 @@ TEST(WorkerKvstoreTest, RestoreFailsOpenAndRefusesBadRequests) {
   v1::RestoreKvBlocksRequest short_hash = Restore({{0, 'a'}});
   short_hash.mutable_blocks(0)->set_prefix_hash("abc");
   EXPECT_EQ(CallRestore(g.rank(0).address(), short_hash, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  // A state checkpoint for a model without recurrent layers.
+  v1::RestoreKvBlocksRequest with_state = Restore({{0, 'a'}});
+  with_state.mutable_blocks(0)->set_state_checkpoint(0);
+  with_state.mutable_blocks(0)->set_state_position(16);
+  EXPECT_EQ(CallRestore(g.rank(0).address(), with_state, &resp).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
 
   // Nothing stored: 0, at once.

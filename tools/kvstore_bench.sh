@@ -21,20 +21,9 @@ MODEL="$OUT/model"
 "$BUILD/tools/ringlane-synth-model" --preset=tiny --hidden=512 --intermediate=1408 --layers=8 \
   --heads=8 --kv_heads=2 --vocab=512 --max_position=8192 --out="$MODEL" >/dev/null
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-listening() {  # file name -> host:port once the daemon printed LISTENING name
-  for _ in $(seq 600); do
-    if a=$(grep -m1 "^LISTENING $2=" "$1" 2>/dev/null | sed "s/^LISTENING $2=//") && [ -n "$a" ]; then
-      echo "$a"
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "kvstore_bench: $2 did not start; see $1" >&2
-  return 1
-}
+BENCH=kvstore_bench
+# shellcheck source=tools/bench_lib.sh
+source "$(dirname "$0")/bench_lib.sh"
 start_kvstore() {
   "$BUILD/kvstore/ringlane-kvstore" --listen="${1:-127.0.0.1:0}" --disk_dir="$OUT/store" \
     --dram_bytes=$((512 << 20)) --disk_bytes=$((4 << 30)) >"$OUT/kvstore.out" 2>>"$OUT/kvstore.log" &
@@ -56,30 +45,11 @@ worker=$(listening "$OUT/worker.out" worker)
   >"$OUT/router.out" 2>"$OUT/router.log" &
 pids+=($!)
 http=$(listening "$OUT/router.out" http)
-for _ in $(seq 300); do
-  curl -sf "http://$http/ready" >/dev/null && break
-  sleep 0.2
-done
-
-prompt() {  # seed -> a JSON request body of WORDS words, max_tokens 1
-  python3 - "$1" "$WORDS" <<'PY'
-import json, random, sys
-r = random.Random(int(sys.argv[1]))
-words = ["the", "little", "girl", "saw", "a", "big", "red", "ball", "in", "park", "and", "her",
-         "dog", "ran", "to", "tree", "happy", "sun", "day", "mom", "said", "play", "with", "friend"]
-text = " ".join(r.choice(words) for _ in range(int(sys.argv[2])))
-print(json.dumps({"model": "model", "prompt": text, "max_tokens": 1, "temperature": 0}))
-PY
-}
+wait_ready
+prompt() { prompt_body "$1" "$WORDS" model; }
 prompt 2 >"$OUT/q.json"
 prompt 3 >"$OUT/r.json"
-ask() {  # body file -> "seconds cached_tokens"
-  curl -sf -o "$OUT/resp.json" -w '%{time_total}' -H 'Content-Type: application/json' \
-    --data @"$1" "http://$http/v1/completions" >"$OUT/t"
-  echo "$(cat "$OUT/t") $(python3 -c 'import json,sys; u=json.load(open(sys.argv[1]))["usage"]; print((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0), u["prompt_tokens"])' "$OUT/resp.json")"
-}
 evict() { ask "$OUT/q.json" >/dev/null; ask "$OUT/r.json" >/dev/null; }
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 declare -A t c
 phase() {  # name, then the command that readies each repeat

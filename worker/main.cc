@@ -518,7 +518,10 @@ int main(int argc, char** argv) {
   if (!kvstore_address.empty()) {
     rs::KvStoreClientOptions ko;
     ko.deadline = std::chrono::milliseconds(kvstore_deadline_ms);
-    ko.max_block_bytes = std::max<int64_t>(block_bytes, 1);
+    // A block stored with its state checkpoint carries the state and its
+    // position too (worker_service.cc).
+    ko.max_block_bytes = std::max<int64_t>(
+        block_bytes + (state_bytes_per_slot > 0 ? 8 + state_bytes_per_slot : 0), 1);
     ko.shm_bytes = int64_t{kvstore_shm_mb} << 20;
     rw::KvStoreLinkOptions lo;
     lo.max_queued_bytes = static_cast<size_t>(kvstore_queue_mb) << 20;

@@ -266,7 +266,8 @@ BlockId KvBlockManager::TakeBlock() {
     // A partial block has no chain hash: nothing a store could key it by.
     if (max_recorded_registrations_ > 0 && !blocks_[id].partial) {
       if (evictions_.size() >= max_recorded_registrations_) evictions_.pop_front();
-      evictions_.push_back(Eviction{id, blocks_[id].hash});
+      evictions_.push_back(
+          Eviction{id, blocks_[id].hash, blocks_[id].checkpoint, blocks_[id].end_position});
     }
     Unregister(id);
     ++counters_.evictions;
@@ -300,7 +301,13 @@ int32_t KvBlockManager::TakeResumeCheckpoint(LaneId lane) {
   return slot;
 }
 
-absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t position) {
+void KvBlockManager::UnpinCheckpoint(int32_t slot) {
+  if (slot < 0 || slot >= state_checkpoints_) return;
+  CheckpointSlot& c = checkpoint_slots_[static_cast<size_t>(slot)];
+  if (c.pins > 0) --c.pins;
+}
+
+absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t position, bool pin) {
   auto it = lanes_.find(lane);
   if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
   const Lane& l = it->second;
@@ -313,6 +320,7 @@ absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t posit
   Block& b = blocks_[id];
   if (b.checkpoint >= 0) {
     TouchCheckpoint(b.checkpoint);
+    if (pin) ++checkpoint_slots_[static_cast<size_t>(b.checkpoint)].pins;
     return b.checkpoint;
   }
   // The least recently used slot no pending resume needs (free ones sit at
@@ -325,6 +333,7 @@ absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t posit
       ++counters_.checkpoint_evictions;
     }
     c.block = id;
+    if (pin) ++c.pins;
     b.checkpoint = slot;
     TouchCheckpoint(slot);
     ++counters_.checkpoints_saved;
@@ -461,7 +470,10 @@ absl::Status KvBlockManager::TrimSlots(LaneId lane, int64_t num_positions) {
   while (static_cast<int64_t>(l.blocks.size()) > keep) {
     // Past the committed blocks every block is the lane's private one.
     Block& block = blocks_[l.blocks.back()];
-    if (--block.ref_count == 0) free_.push_back(l.blocks.back());
+    if (--block.ref_count == 0) {
+      DropCheckpoint(l.blocks.back());
+      free_.push_back(l.blocks.back());
+    }
     l.blocks.pop_back();
   }
   return absl::OkStatus();
@@ -515,6 +527,7 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
         b.parent = l.chain_link;
         b.generation = next_generation_++;
         b.tokens.assign(blk.begin(), blk.end());
+        b.end_position = static_cast<int64_t>((i + 1) * bs);
         index_.emplace(hash, id);
         if (reuse_partial_) {
           Dominated(b.parent, blk, id);  // partial blocks this one extends
@@ -535,6 +548,15 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
           // keep the lane's copy private rather than swap ids under rounds
           // in flight, and count the registered one as used.
           if (existing.ref_count == 0) lru_.splice(lru_.end(), lru_, existing.lru_pos);
+          // The lane's checkpoint there is the state of this same chain: a
+          // registered block without one takes it, so prefix hits reach it
+          // (a kvstore restore of blocks the pool still held lands here).
+          Block& mine = blocks_[l.blocks[i]];
+          if (existing.checkpoint < 0 && mine.checkpoint >= 0) {
+            existing.checkpoint = mine.checkpoint;
+            checkpoint_slots_[static_cast<size_t>(mine.checkpoint)].block = found->second;
+            mine.checkpoint = -1;
+          }
           l.chain_link = Link{.block = found->second, .generation = existing.generation};
         } else {
           ++counters_.hash_collisions;
@@ -590,6 +612,8 @@ absl::Status KvBlockManager::Release(LaneId lane) {
     if (block.registered) {
       block.lru_pos = lru_.insert(lru_.end(), id);
     } else {
+      // Nothing can reach a checkpoint of a block no prefix hit can find.
+      DropCheckpoint(id);
       free_.push_back(id);
     }
   }
@@ -654,6 +678,15 @@ std::optional<BlockHash> KvBlockManager::RegisteredHash(BlockId block) const {
     return std::nullopt;
   }
   return blocks_[block].hash;
+}
+
+std::optional<KvBlockManager::RegisteredBlock> KvBlockManager::Registered(BlockId block) const {
+  if (block < 0 || block >= num_blocks_ || !blocks_[block].registered || blocks_[block].partial) {
+    return std::nullopt;
+  }
+  const Block& b = blocks_[block];
+  return RegisteredBlock{
+      .hash = b.hash, .checkpoint = b.checkpoint, .end_position = b.end_position};
 }
 
 int32_t KvBlockManager::available_blocks() const {

@@ -213,8 +213,11 @@ class KvBlockManager {
   // saves the state into, now the checkpoint of the block ending there: a
   // free slot, else the least recently used one's (its block loses it).
   // -1 when every slot is pinned by a pending resume. InvalidArgument for
-  // another position, NotFound for an unknown lane.
-  absl::StatusOr<int32_t> CheckpointFor(LaneId lane, int64_t position);
+  // another position, NotFound for an unknown lane. With `pin` the slot is
+  // kept from eviction until UnpinCheckpoint: a kvstore restore writes it
+  // outside the plans, so no plan may hand it to another block meanwhile.
+  absl::StatusOr<int32_t> CheckpointFor(LaneId lane, int64_t position, bool pin = false);
+  void UnpinCheckpoint(int32_t slot);
   bool checkpoints() const { return state_checkpoints_ > 0; }
   int64_t checkpoint_interval() const { return checkpoint_interval_; }
 
@@ -270,6 +273,15 @@ class KvBlockManager {
   // The chain hash a block is registered under, if it is (for export to the
   // kvstore).
   std::optional<BlockHash> RegisteredHash(BlockId block) const;
+  // The same with the state checkpoint it has (-1: none) and the position
+  // it ends at (its chain's length in tokens), for an offload that carries
+  // the checkpoint with the block.
+  struct RegisteredBlock {
+    BlockHash hash;
+    int32_t checkpoint = -1;
+    int64_t end_position = 0;
+  };
+  std::optional<RegisteredBlock> Registered(BlockId block) const;
 
   // The blocks registered since the last call, oldest first (when
   // Options::max_recorded_registrations > 0; older ones beyond it are
@@ -281,9 +293,14 @@ class KvBlockManager {
   // stay valid until a round planned after the eviction writes them, so a
   // write-back in the very plan whose planning evicted them (its offloads run
   // before its forward pass) still copies the right KV.
+  // A checkpoint the block had goes with it: its slot is free from now on,
+  // but only rows of a later plan or the same plan's forward pass (after
+  // its offloads) can write it.
   struct Eviction {
     BlockId block = -1;
     BlockHash hash;
+    int32_t checkpoint = -1;
+    int64_t end_position = 0;
   };
   std::vector<Eviction> TakeEvictions();
 
@@ -318,6 +335,7 @@ class KvBlockManager {
     // The state checkpoint slot holding the state after this block's last
     // position (-1: none); dropped when the block is handed out again.
     int32_t checkpoint = -1;
+    int64_t end_position = 0;  // valid while registered (full blocks)
   };
 
   struct Lane {

@@ -893,5 +893,88 @@ TEST(KvBlockManagerCheckpointTest, AReusedBlockLosesItsCheckpoint) {
   EXPECT_EQ(m->TakeResumeCheckpoint(3), -1);
 }
 
+// For the kvstore tier: a registered block says which checkpoint it has and
+// where it ends, an evicted one hands both to the write-back, a slot pinned
+// for a restore is never handed on until unpinned, and a restore of blocks
+// the pool still holds without their checkpoint gives them the restored one.
+TEST(KvBlockManagerCheckpointTest, CheckpointsTravelWithTheKvstoreTier) {
+  auto m0 = KvBlockManager::Create({.num_blocks = 4,
+                                    .identity = Identity(),
+                                    .max_recorded_registrations = 16,
+                                    .state_checkpoints = 2,
+                                    .checkpoint_interval = 2 * kB});
+  ASSERT_TRUE(m0.ok());
+  KvBlockManager& m = **m0;
+  const std::vector<int32_t> p1 = Seq(2 * kB + 1, 0), p2 = Seq(4 * kB, 700);
+  ASSERT_TRUE(m.Allocate(1, p1, p1.size()).ok());
+  absl::StatusOr<int32_t> s = m.CheckpointFor(1, 2 * kB);
+  ASSERT_TRUE(s.ok() && *s >= 0);
+  ASSERT_TRUE(m.CommitFullBlocks(1, p1).ok());
+  const std::vector<BlockId> regs = m.TakeRegistrations();
+  ASSERT_EQ(regs.size(), 2u);
+  std::optional<KvBlockManager::RegisteredBlock> first = m.Registered(regs[0]);
+  std::optional<KvBlockManager::RegisteredBlock> second = m.Registered(regs[1]);
+  ASSERT_TRUE(first && second);
+  EXPECT_EQ(first->checkpoint, -1);
+  EXPECT_EQ(first->end_position, kB);
+  EXPECT_EQ(second->checkpoint, *s);
+  EXPECT_EQ(second->end_position, 2 * kB);
+  ASSERT_TRUE(m.Release(1).ok());
+  // p2 needs all four blocks: p1's two are evicted, the second with its
+  // checkpoint.
+  ASSERT_TRUE(m.Allocate(2, p2, p2.size()).ok());
+  const std::vector<KvBlockManager::Eviction> ev = m.TakeEvictions();
+  ASSERT_EQ(ev.size(), 2u);
+  int with_checkpoint = 0;
+  for (const KvBlockManager::Eviction& e : ev) {
+    if (e.checkpoint >= 0) {
+      ++with_checkpoint;
+      EXPECT_EQ(e.checkpoint, *s);
+      EXPECT_EQ(e.end_position, 2 * kB);
+    }
+  }
+  EXPECT_EQ(with_checkpoint, 1);
+  // A pinned slot is not handed on: of two slots, one pinned, both
+  // checkpoints of lane 2 get the other one.
+  absl::StatusOr<int32_t> pinned = m.CheckpointFor(2, 2 * kB, /*pin=*/true);
+  ASSERT_TRUE(pinned.ok() && *pinned >= 0);
+  absl::StatusOr<int32_t> other = m.CheckpointFor(2, 4 * kB);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *pinned);
+  ASSERT_TRUE(m.Release(2).ok());  // nothing committed: both checkpoints dropped
+  ASSERT_TRUE(m.Allocate(3, p2, p2.size()).ok());
+  absl::StatusOr<int32_t> a = m.CheckpointFor(3, 2 * kB);
+  absl::StatusOr<int32_t> b = m.CheckpointFor(3, 4 * kB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a, *other);
+  EXPECT_EQ(*b, *other) << "the pinned slot was handed on";
+  m.UnpinCheckpoint(*pinned);
+  a = m.CheckpointFor(3, 2 * kB);  // lost its slot to 4B just now
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, *pinned);
+  ASSERT_TRUE(m.Release(3).ok());
+}
+
+TEST(KvBlockManagerCheckpointTest, ADuplicateCommitGivesItsCheckpointToTheRegisteredBlock) {
+  auto m = MakeWithCheckpoints(16, 4, kB);
+  const std::vector<int32_t> p = Seq(kB + 1, 0);
+  // Lane 1 computes the block without a checkpoint (every slot was busy).
+  ASSERT_TRUE(m->Allocate(1, p, p.size()).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(1, p).ok());
+  ASSERT_TRUE(m->Release(1).ok());
+  absl::StatusOr<int64_t> cached = m->Allocate(2, p, p.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 0) << "no checkpoint: no hit";
+  // Lane 2 (a restore, or the same prompt again) has one for the same chain.
+  ASSERT_TRUE(m->CheckpointFor(2, kB).ok());
+  ASSERT_TRUE(m->CommitFullBlocks(2, p).ok());
+  ASSERT_TRUE(m->Release(2).ok());
+  cached = m->Allocate(3, p, p.size());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, kB);
+  EXPECT_GE(m->TakeResumeCheckpoint(3), 0);
+  ASSERT_TRUE(m->Release(3).ok());
+}
+
 }  // namespace
 }  // namespace ringlane::router

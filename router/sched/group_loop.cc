@@ -169,10 +169,11 @@ bool GroupLoop::Connect() {
   o.identity.tp_world_size = info.tp_world_size();
   // A model with recurrent layers resumes only where its state was kept: a
   // prefix hit ends at a state checkpoint (none without them), on a block
-  // boundary; no kvstore yet, and no more lanes than the workers have state
-  // slots.
+  // boundary; the kvstore keeps blocks with their checkpoints (so only with
+  // checkpoints), and no more lanes than the workers have state slots.
   const bool recurrent = info.state_slots() > 0;
-  const bool tiered = !recurrent && !info.kvstore_address().empty() &&
+  const bool tiered = (!recurrent || info.state_checkpoints() > 0) &&
+                      !info.kvstore_address().empty() &&
                       (options_.kv_tiering.offload || options_.kv_tiering.restore);
   if (tiered) o.max_recorded_registrations = options_.kv_tiering.max_pending_offloads;
   o.reuse_partial_blocks = options_.partial_block_reuse && info.kv_block_copies() && !recurrent;
@@ -208,8 +209,8 @@ bool GroupLoop::Connect() {
                  << info.state_slots() << " state slots of " << info.state_bytes_per_slot()
                  << " bytes; at most " << planner_.max_lanes << " lanes; "
                  << info.state_checkpoints() << " state checkpoints every "
-                 << info.state_checkpoint_interval()
-                 << " positions, prefix hits resume from them; no kvstore yet";
+                 << info.state_checkpoint_interval() << " positions, prefix hits resume from them"
+                 << (tiered ? " and the kvstore keeps them with their blocks" : "");
   }
   epoch_ = info.group_epoch();
   ready_ = true;

@@ -73,27 +73,39 @@ void KvTiering::AddOffloads(KvBlockManager& kv, v1::RoundPlan* plan) {
   while (pending_.size() > options_.max_pending_offloads) pending_.pop_front();
   if (plan->rows_size() == 0) return;  // not sent: the evicted ones are lost
   int added = 0;
-  // One entry per hash not offloaded (or restored) recently.
-  auto add = [&](BlockId block, const BlockHash& hash) {
+  const int64_t every = kv.checkpoints() ? kv.checkpoint_interval() : 0;
+  // One entry per hash not offloaded (or restored) recently. With recurrent
+  // layers a block that ends at a checkpoint position is stored with its
+  // checkpoint or not at all (a store entry is KV and state, or a resume
+  // there would lack the state); the ledger may have handed the slot on.
+  auto add = [&](BlockId block, const BlockHash& hash, int32_t checkpoint, int64_t end) {
+    const bool needs_state = every > 0 && end % every == 0;
+    if (needs_state && checkpoint < 0) return;
     std::string bytes = hash.Bytes();
     if (remembered_set_.count(bytes) != 0) return;
     v1::KvBlockRef* o = plan->add_offloads();
     o->set_block_id(block);
     o->set_prefix_hash(bytes);
+    if (needs_state) {
+      o->set_state_checkpoint(checkpoint);
+      o->set_state_position(end);
+    }
     Remember(bytes);
     ++added;
   };
   // Write-back first: these are gone for good after this plan.
   for (const KvBlockManager::Eviction& e : evicted) {
     if (added >= options_.max_offloads_per_round) break;
-    add(e.block, e.hash);
+    add(e.block, e.hash, e.checkpoint, e.end_position);
   }
   while (!pending_.empty() && added < options_.max_offloads_per_round) {
     const BlockId b = pending_.front();
     pending_.pop_front();
     // What the block holds now: it may have been evicted, or evicted and
     // registered again under another chain, since it was recorded.
-    if (std::optional<BlockHash> h = kv.RegisteredHash(b)) add(b, *h);
+    if (std::optional<KvBlockManager::RegisteredBlock> r = kv.Registered(b)) {
+      add(b, r->hash, r->checkpoint, r->end_position);
+    }
   }
   if (added > 0 && metrics_ && metrics_->kvstore_offloaded_blocks) {
     metrics_->kvstore_offloaded_blocks->Increment(added);
@@ -119,8 +131,11 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
   seq.insert(seq.end(), c.generated.begin(), c.generated.end());
   const int64_t bs = kv.block_size_tokens();
   // The blocks a lane of this prompt could take as a prefix hit: all full
-  // ones but a last token, which is always fed.
-  const int64_t matchable = (static_cast<int64_t>(seq.size()) - 1) / bs;
+  // ones but a last token, which is always fed; with recurrent layers, up to
+  // the last checkpoint position among them (a resume needs the state).
+  int64_t matchable = (static_cast<int64_t>(seq.size()) - 1) / bs;
+  const int64_t every = kv.checkpoints() ? kv.checkpoint_interval() : 0;
+  if (every > 0) matchable = matchable * bs / every * every / bs;
   const int64_t cached = static_cast<int64_t>(kv.MatchPrefix(seq).block_ids.size());
   if (matchable <= cached) return;
   Job job;
@@ -147,6 +162,28 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
     v1::KvBlockRef* b = job.request.add_blocks();
     b->set_block_id((*table)[static_cast<size_t>(i)]);
     b->set_prefix_hash(hashes[static_cast<size_t>(i)].Bytes());
+    const int64_t end = (i + 1) * bs;
+    if (every > 0 && end % every == 0) {
+      // The restore writes the slot outside the plans: pinned until Finish,
+      // so that no plan hands it to another block meanwhile.
+      absl::StatusOr<int32_t> slot = kv.CheckpointFor(job.placeholder, end, /*pin=*/true);
+      if (!slot.ok() || *slot < 0) {
+        // Every slot is pinned: restore up to the previous checkpoint.
+        while (job.request.blocks_size() > 0 &&
+               !job.request.blocks(job.request.blocks_size() - 1).has_state_checkpoint()) {
+          job.request.mutable_blocks()->RemoveLast();
+        }
+        break;
+      }
+      job.pins.push_back(*slot);
+      b->set_state_checkpoint(*slot);
+      b->set_state_position(end);
+    }
+  }
+  if (job.request.blocks_size() == 0) {
+    for (int32_t slot : job.pins) kv.UnpinCheckpoint(slot);
+    kv.Release(job.placeholder).IgnoreError();
+    return;
   }
   job.after_round = last_planned_round;
   w.restoring = true;
@@ -169,6 +206,9 @@ void KvTiering::Finish(SchedState& s, KvBlockManager& kv, Job& job) {
   for (int i = restored; i < job.request.blocks_size(); ++i) {
     Forget(job.request.blocks(i).prefix_hash());
   }
+  // The restored checkpoints belong to registered blocks now; the others'
+  // slots are dropped with their blocks at Release.
+  for (int32_t slot : job.pins) kv.UnpinCheckpoint(slot);
   kv.Release(job.placeholder).IgnoreError();
   if (metrics_ && metrics_->kvstore_restores_hit) {
     (restored > 0 ? metrics_->kvstore_restores_hit : metrics_->kvstore_restores_miss)->Increment();

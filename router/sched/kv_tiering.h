@@ -20,6 +20,13 @@
 // queue and the rounds go on; a store that is down or slow costs the
 // deadline and a recomputation, never an error or a stalled round.
 //
+// Models with recurrent layers: a block that ends at a state checkpoint
+// position is offloaded with its checkpoint (KvBlockRef.state_checkpoint),
+// or not at all when the ledger has handed the slot on; a restore asks for
+// the chain up to the last checkpoint position only, with pinned slots for
+// the checkpoints it brings back, which the ledger then holds as those of
+// the restored blocks.
+//
 // Not thread-safe by itself: every method is called with the group loop's
 // mutex held (passed in), which the restorer thread also takes to hand back
 // its results.
@@ -105,6 +112,7 @@ class KvTiering {
     LaneId placeholder = 0;
     std::vector<int32_t> tokens;  // the prompt's first (first_block + blocks) blocks
     int64_t first_block = 0;      // blocks already cached when prepared
+    std::vector<int32_t> pins;    // checkpoint slots the restore writes (recurrent layers)
     uint64_t after_round = 0;     // dispatch once results up to this one are applied
     ringlane::v1::RestoreKvBlocksRequest request;
     enum class State { kPrepared, kRunning, kDone } state = State::kPrepared;

@@ -68,6 +68,21 @@ class Backend {
   virtual absl::Status RestoreStateSlot(int32_t slot, absl::Span<const float> data) {
     return absl::UnimplementedError("this backend keeps no recurrent state");
   }
+
+  // Models with recurrent layers: state checkpoint `checkpoint` as bytes, for
+  // a kvstore entry with the block that ends at `position`, and back (the
+  // checkpoint then holds the state of `position` tokens). Export fails with
+  // FailedPrecondition when the checkpoint does not hold the state of
+  // exactly `position` tokens (handed on, or never saved), so a wrong state
+  // is never stored; InvalidArgument for a bad checkpoint, position or size.
+  virtual absl::Status ExportStateCheckpoint(int32_t checkpoint, int64_t position,
+                                             std::vector<uint8_t>* out) const {
+    return absl::UnimplementedError("this backend keeps no recurrent state");
+  }
+  virtual absl::Status ImportStateCheckpoint(int32_t checkpoint, int64_t position,
+                                             absl::Span<const uint8_t> data) {
+    return absl::UnimplementedError("this backend keeps no recurrent state");
+  }
 };
 
 class Communicator;

@@ -195,4 +195,19 @@ absl::Status StepLoop::ImportBlock(int32_t block, absl::Span<const uint8_t> data
   return Submit(op, &cancelled);
 }
 
+absl::Status StepLoop::ExportCheckpoint(int32_t checkpoint, int64_t position,
+                                        std::vector<uint8_t>* out, const CancelledFn& cancelled) {
+  auto op = std::make_shared<Op>();
+  op->run = [&] { return backend_->ExportStateCheckpoint(checkpoint, position, out); };
+  return Submit(op, &cancelled);
+}
+
+absl::Status StepLoop::ImportCheckpoint(int32_t checkpoint, int64_t position,
+                                        absl::Span<const uint8_t> data,
+                                        const CancelledFn& cancelled) {
+  auto op = std::make_shared<Op>();
+  op->run = [&] { return backend_->ImportStateCheckpoint(checkpoint, position, data); };
+  return Submit(op, &cancelled);
+}
+
 }  // namespace ringlane::worker

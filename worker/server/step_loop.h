@@ -102,6 +102,11 @@ class StepLoop {
   absl::Status ExportBlock(int32_t block, std::vector<uint8_t>* out, const CancelledFn& cancelled);
   absl::Status ImportBlock(int32_t block, absl::Span<const uint8_t> data,
                            const CancelledFn& cancelled);
+  // The same for a state checkpoint (Backend::ExportStateCheckpoint).
+  absl::Status ExportCheckpoint(int32_t checkpoint, int64_t position, std::vector<uint8_t>* out,
+                                const CancelledFn& cancelled);
+  absl::Status ImportCheckpoint(int32_t checkpoint, int64_t position,
+                                absl::Span<const uint8_t> data, const CancelledFn& cancelled);
 
   // Operations waiting behind the running one (tests order their submissions
   // with it).

@@ -149,6 +149,26 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                    .Register(r);
   kvstore_restore_stopped_miss = &stop.Add(with({{"reason", "miss"}}));
   kvstore_restore_stopped_error = &stop.Add(with({{"reason", "error"}}));
+  kvstore_checkpoints_offloaded =
+      &prometheus::BuildCounter()
+           .Name("ringlane_worker_kvstore_state_checkpoints_offloaded_total")
+           .Help("Recurrent-state checkpoints copied to the kvstore with their blocks")
+           .Register(r)
+           .Add(l);
+  kvstore_checkpoints_restored =
+      &prometheus::BuildCounter()
+           .Name("ringlane_worker_kvstore_state_checkpoints_restored_total")
+           .Help("Recurrent-state checkpoints read from the kvstore with their blocks")
+           .Register(r)
+           .Add(l);
+  kvstore_checkpoints_unavailable =
+      &prometheus::BuildCounter()
+           .Name("ringlane_worker_kvstore_state_checkpoints_unavailable_total")
+           .Help(
+               "Blocks not offloaded because their state checkpoint no longer held the "
+               "state of the block's end (handed on before the copy)")
+           .Register(r)
+           .Add(l);
   kvstore_checksum_failures = &prometheus::BuildCounter()
                                    .Name("ringlane_worker_kvstore_checksum_failures_total")
                                    .Help(

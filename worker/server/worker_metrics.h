@@ -52,6 +52,12 @@ struct WorkerMetrics {
   prometheus::Counter* kvstore_blocks_restored;
   prometheus::Counter* kvstore_restore_stopped_miss;
   prometheus::Counter* kvstore_restore_stopped_error;
+  // Models with recurrent layers: state checkpoints offloaded and restored
+  // with their blocks, and offloads skipped because the checkpoint had been
+  // handed on before the copy.
+  prometheus::Counter* kvstore_checkpoints_offloaded;
+  prometheus::Counter* kvstore_checkpoints_restored;
+  prometheus::Counter* kvstore_checkpoints_unavailable;
   prometheus::Counter* kvstore_checksum_failures;
   prometheus::Counter* kvstore_bytes_out;
   prometheus::Counter* kvstore_bytes_in;

@@ -53,7 +53,18 @@ WorkerService::WorkerService(GroupMember* group, const ModelConfig& config,
       layer_caches_(std::move(layer_caches)),
       id_(std::move(id)),
       metrics_(metrics),
-      kvstore_(kvstore) {}
+      kvstore_(kvstore) {
+  for (const LayerCacheSpec& c : layer_caches_) {
+    if (c.kind == CacheKind::kRecurrentState) {
+      state_bytes_ += c.state_floats * static_cast<int64_t>(sizeof(float));
+    }
+  }
+  // A block stored with its state checkpoint is another payload under the
+  // same chain hash: its own fingerprint keeps the two from aliasing.
+  const std::string desc = absl::StrCat("ringlane-kv-state-checkpoint-v1;",
+                                        id_.kv_layout_fingerprint, ";", state_bytes_);
+  checkpoint_layout_fingerprint_ = XXH64(desc.data(), desc.size(), 0);
+}
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
                                     v1::WorkerInfo* info) {
@@ -197,7 +208,7 @@ grpc::Status WorkerService::Rounds(
   return end;
 }
 
-v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash) const {
+v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash, bool with_state) const {
   v1::BlockKey k;
   k.set_model_id(id_.model_id);
   k.set_prefix_hash(prefix_hash);
@@ -205,24 +216,60 @@ v1::BlockKey WorkerService::KeyFor(const std::string& prefix_hash) const {
   k.set_tp_world_size(id_.world_size);
   k.set_kv_dtype(ToProto(kv_pool_.dtype));
   k.set_block_size_tokens(kv_pool_.block_size);
-  k.set_layout_fingerprint(id_.kv_layout_fingerprint);
-  k.set_rank_shared(id_.kv_rank_shared);
+  k.set_layout_fingerprint(with_state ? checkpoint_layout_fingerprint_ : id_.kv_layout_fingerprint);
+  // A state is sharded by heads: every rank stores its own.
+  k.set_rank_shared(id_.kv_rank_shared && !with_state);
   return k;
 }
 
+namespace {
+
+// A block stored with its state checkpoint: the block's KV, the checkpoint's
+// position (8 bytes, little-endian; checked again on restore), the state.
+constexpr size_t kPositionBytes = 8;
+
+void AppendPosition(int64_t position, std::vector<uint8_t>* out) {
+  for (size_t i = 0; i < kPositionBytes; ++i) {
+    out->push_back(static_cast<uint8_t>(static_cast<uint64_t>(position) >> (8 * i)));
+  }
+}
+
+int64_t ReadPosition(const uint8_t* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < kPositionBytes; ++i) v |= uint64_t{p[i]} << (8 * i);
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
 void WorkerService::Offload(const v1::RoundPlan& plan) {
   if (kvstore_ == nullptr) return;
-  // The other ranks' copies of a rank-shared block are these same bytes.
-  if (id_.kv_rank_shared && id_.rank != 0) return;
-  std::vector<uint8_t> payload;
+  std::vector<uint8_t> payload, state;
   for (const v1::KvBlockRef& ref : plan.offloads()) {
+    const bool with_state = ref.has_state_checkpoint();
+    // The other ranks' copies of a rank-shared block are these same bytes.
+    if (id_.kv_rank_shared && id_.rank != 0 && !with_state) continue;
     // A bad entry costs only its own upload: the forward pass does not read
     // offloads, so ranks need not agree on them.
     if (ref.prefix_hash().size() != kPrefixHashBytes) continue;
+    if (with_state && state_bytes_ == 0) continue;
     if (!group_->steps().ExportBlock(ref.block_id(), &payload, nullptr).ok()) continue;
+    if (with_state) {
+      // A checkpoint that no longer holds this position's state is not
+      // stored: the block without it would be a resume point without a state.
+      if (!group_->steps()
+               .ExportCheckpoint(ref.state_checkpoint(), ref.state_position(), &state, nullptr)
+               .ok()) {
+        if (metrics_) metrics_->kvstore_checkpoints_unavailable->Increment();
+        continue;
+      }
+      AppendPosition(ref.state_position(), &payload);
+      payload.insert(payload.end(), state.begin(), state.end());
+      if (metrics_) metrics_->kvstore_checkpoints_offloaded->Increment();
+    }
     const uint64_t sum = XXH64(payload.data(), payload.size(), 0);
     if (metrics_) metrics_->kv_blocks_exported->Increment();
-    kvstore_->Offload(KeyFor(ref.prefix_hash()),
+    kvstore_->Offload(KeyFor(ref.prefix_hash(), with_state),
                       std::string(reinterpret_cast<const char*>(payload.data()), payload.size()),
                       sum);
   }
@@ -253,7 +300,15 @@ grpc::Status WorkerService::RestoreKvBlocks(grpc::ServerContext* ctx,
                           absl::StrCat("blocks[", i, "]: prefix_hash of ", ref.prefix_hash().size(),
                                        " bytes, expected ", kPrefixHashBytes));
     }
-    keys.push_back(KeyFor(ref.prefix_hash()));
+    if (ref.has_state_checkpoint() &&
+        (state_bytes_ == 0 || ref.state_checkpoint() < 0 ||
+         ref.state_checkpoint() >= kv_pool_.state_checkpoints || ref.state_position() <= 0)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("blocks[", i, "]: state checkpoint ", ref.state_checkpoint(),
+                                       " at position ", ref.state_position(), " (this rank keeps ",
+                                       kv_pool_.state_checkpoints, " checkpoints)"));
+    }
+    keys.push_back(KeyFor(ref.prefix_hash(), ref.has_state_checkpoint()));
   }
   absl::StatusOr<services::KvGetResult> got = kvstore_->Fetch(keys);
   int restored = 0;
@@ -264,15 +319,34 @@ grpc::Status WorkerService::RestoreKvBlocks(grpc::ServerContext* ctx,
   } else {
     const StepLoop::CancelledFn cancelled = [ctx] { return ctx->IsCancelled(); };
     for (const services::KvStoredBlock& b : got->blocks) {
-      if (static_cast<int64_t>(b.payload.size()) != kv_block_bytes_) {
-        stopped = absl::StrCat("stored block of ", b.payload.size(), " bytes, this rank's are ",
-                               kv_block_bytes_);
+      const v1::KvBlockRef& ref = req->blocks(restored);
+      const bool with_state = ref.has_state_checkpoint();
+      const int64_t want =
+          kv_block_bytes_ + (with_state ? static_cast<int64_t>(kPositionBytes) + state_bytes_ : 0);
+      if (static_cast<int64_t>(b.payload.size()) != want) {
+        stopped =
+            absl::StrCat("stored block of ", b.payload.size(), " bytes, this rank's are ", want);
+        break;
+      }
+      const auto* data = reinterpret_cast<const uint8_t*>(b.payload.data());
+      // Checked before anything is written: a state of another position
+      // would resume the lane from the wrong tokens.
+      if (with_state && ReadPosition(data + kv_block_bytes_) != ref.state_position()) {
+        stopped = absl::StrCat("stored state checkpoint of ", ReadPosition(data + kv_block_bytes_),
+                               " positions, expected ", ref.state_position());
         break;
       }
       absl::Status st = group_->steps().ImportBlock(
-          req->blocks(restored).block_id(),
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.payload.data()), b.payload.size()),
+          ref.block_id(), absl::MakeConstSpan(data, static_cast<size_t>(kv_block_bytes_)),
           cancelled);
+      if (st.ok() && with_state) {
+        st = group_->steps().ImportCheckpoint(
+            ref.state_checkpoint(), ref.state_position(),
+            absl::MakeConstSpan(data + kv_block_bytes_ + kPositionBytes,
+                                static_cast<size_t>(state_bytes_)),
+            cancelled);
+        if (st.ok() && metrics_) metrics_->kvstore_checkpoints_restored->Increment();
+      }
       if (!st.ok()) {
         stopped = absl::StrCat("import: ", st.message());
         break;
@@ -291,6 +365,10 @@ grpc::Status WorkerService::RestoreKvBlocks(grpc::ServerContext* ctx,
       (miss ? metrics_->kvstore_restore_stopped_miss : metrics_->kvstore_restore_stopped_error)
           ->Increment();
     }
+  }
+  if (!stopped.empty() && !miss) {
+    RL_LOG(WARNING) << "kvstore restore stopped after " << restored << " of " << req->blocks_size()
+                    << " blocks: " << stopped;
   }
   resp->set_num_restored(restored);
   resp->set_stopped(stopped);

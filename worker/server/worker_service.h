@@ -78,7 +78,8 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   void Drain() { draining_ = true; }
 
  private:
-  ringlane::v1::BlockKey KeyFor(const std::string& prefix_hash) const;
+  // `with_state`: the entry of a block with its state checkpoint.
+  ringlane::v1::BlockKey KeyFor(const std::string& prefix_hash, bool with_state = false) const;
   // Copies the plan's offload blocks out of the pool (ordered before its
   // round) and queues them for upload.
   void Offload(const ringlane::v1::RoundPlan& plan);
@@ -91,6 +92,8 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   const WorkerIdentity id_;
   WorkerMetrics* const metrics_;
   KvStoreLink* const kvstore_;
+  int64_t state_bytes_ = 0;  // one lane's recurrent state (0: no recurrent layers)
+  uint64_t checkpoint_layout_fingerprint_ = 0;
   std::atomic<bool> stream_open_{false};
   std::atomic<bool> draining_{false};
 };

@@ -186,7 +186,43 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status ExportStateCheckpoint(int32_t checkpoint, int64_t position,
+                                     std::vector<uint8_t>* out) const override {
+    if (absl::Status st = CheckCheckpoint(checkpoint, position); !st.ok()) return st;
+    if (checkpoint_position_[checkpoint] != position) {
+      return absl::FailedPreconditionError(absl::StrCat("state checkpoint ", checkpoint, " holds ",
+                                                        checkpoint_position_[checkpoint],
+                                                        " positions, not ", position));
+    }
+    const auto* p =
+        reinterpret_cast<const uint8_t*>(checkpoints_.data() + checkpoint * slot_floats_);
+    out->assign(p, p + slot_floats_ * static_cast<int64_t>(sizeof(float)));
+    return absl::OkStatus();
+  }
+  absl::Status ImportStateCheckpoint(int32_t checkpoint, int64_t position,
+                                     absl::Span<const uint8_t> data) override {
+    if (absl::Status st = CheckCheckpoint(checkpoint, position); !st.ok()) return st;
+    if (static_cast<int64_t>(data.size()) != slot_floats_ * static_cast<int64_t>(sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat("a state checkpoint of ", data.size(),
+                                                     " bytes, a checkpoint holds ",
+                                                     slot_floats_ * sizeof(float)));
+    }
+    std::memcpy(checkpoints_.data() + checkpoint * slot_floats_, data.data(), data.size());
+    checkpoint_position_[checkpoint] = position;
+    return absl::OkStatus();
+  }
+
  private:
+  absl::Status CheckCheckpoint(int32_t checkpoint, int64_t position) const {
+    if (checkpoint < 0 || checkpoint >= kv_spec_.state_checkpoints) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state checkpoint ", checkpoint, " outside [0, ", kv_spec_.state_checkpoints, ")"));
+    }
+    if (position <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("state checkpoint position ", position));
+    }
+    return absl::OkStatus();
+  }
   absl::Status Validate(const RoundInput& round) const;
 
   const std::shared_ptr<const ModelWeights> model_;
