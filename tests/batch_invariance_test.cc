@@ -145,6 +145,7 @@ struct DeepseekCase {
   std::string indexer_types;
   // glm5_next: the KDA gate's lower bound (0: the softplus gate).
   float linear_lower_bound = 0.0f;
+  int hc_mult = 1;  // glm5_next: hyper-connections' residual streams
 };
 
 class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
@@ -164,6 +165,7 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
   o->index_topk = 6;
   o->indexer_types = c.indexer_types;
   o->linear_lower_bound = c.linear_lower_bound;
+  o->hc_mult = c.hc_mult;
   // State slots for glm5_next's recurrent layers; other models have none.
   auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv, 8}, {.threads = 2},
                                                [&](worker::ModelConfig& config) {
@@ -197,7 +199,10 @@ INSTANTIATE_TEST_SUITE_P(
         DeepseekCase{"glm5_next_bf16", "glm5-next-tiny", worker::DType::kBF16, worker::DType::kBF16,
                      12},
         DeepseekCase{"glm5_next_lower_bound_fp8_kv", "glm5-next-tiny", worker::DType::kBF16,
-                     worker::DType::kFP8E4M3, 0, "", -5.0f}),
+                     worker::DType::kFP8E4M3, 0, "", -5.0f},
+        // Four residual streams (manifold-constrained hyper-connections).
+        DeepseekCase{"glm5_next_hyper_connections", "glm5-next-tiny", worker::DType::kBF16,
+                     worker::DType::kBF16, 12, "", 0.0f, 4}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -316,6 +316,24 @@ TEST(HybridTp, TeacherForcedMatchesTp1AndConcurrentEqualsSolo) {
       ConcurrentEqualsSoloTp4(o->out_dir, worker::DType::kBF16, o->vocab, o->out_dir + "_inv"));
 }
 
+// With hyper-connections every rank keeps the whole residual streams and
+// computes their mixing itself: TP2 and TP4 stay within TP1's rounding.
+TEST(HybridTp, HyperConnectionsMatchTp1) {
+  auto o = worker::SyntheticPreset("glm5-next-tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + "/rl_tp_hyper_" + std::to_string(getpid());
+  o->dtype = worker::DType::kF32;
+  o->hc_mult = 4;
+  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 40; ++i) seq.push_back((i * 97 + 5) % o->vocab);
+  for (int world : {2, 4}) {
+    const double diff = TeacherForcedTpDiff(o->out_dir, seq, 6, world);
+    std::printf("glm5_next hc_mult 4 TP%d vs TP1: max |logit difference| %.3g\n", world, diff);
+    EXPECT_LT(diff, 1e-3) << "TP" << world;
+  }
+}
+
 // Decode context parallel: each rank keeps every world-th position of the
 // latent cache; attention is computed per rank over its positions with every
 // head's query and merged by log-sum-exp, and the DSA indexer's choice is

@@ -60,6 +60,13 @@ ABSL_FLAG(double, linear_lower_bound, 0.0,
           "glm5_next: < 0 writes linear_lower_bound (the bounded sigmoid gate); 0 = the softplus "
           "gate");
 
+ABSL_FLAG(int, hc_mult, 1,
+          "glm5_next: > 1 writes manifold-constrained hyper-connections of that many residual "
+          "streams (hc_mult and the hc_* tensors)");
+ABSL_FLAG(int, hc_sinkhorn_iters, 20, "glm5_next with --hc_mult > 1: hc_sinkhorn_iters");
+ABSL_FLAG(bool, hc_head, false,
+          "glm5_next with --hc_mult > 1: also write DeepSeek-V4's model.hc_head_* (learned head "
+          "weights); without, the head takes the streams' mean, as GLM-5.3-Flash's does");
 ABSL_FLAG(double, swiglu_limit, 0.0,
           "glm5_next: > 0 writes swiglu_limit (the MoE experts' clamped SwiGLU); 0 = none");
 
@@ -137,6 +144,11 @@ int main(int argc, char** argv) {
   take_int(FLAGS_linear_conv_kernel, "linear_conv_kernel", &o.linear_conv_kernel);
   o.linear_lower_bound = static_cast<float>(absl::GetFlag(FLAGS_linear_lower_bound));
   if (!(o.linear_lower_bound <= 0.0f)) ExitWithUsageError("--linear_lower_bound must be <= 0");
+  o.hc_mult = absl::GetFlag(FLAGS_hc_mult);
+  o.hc_sinkhorn_iters = absl::GetFlag(FLAGS_hc_sinkhorn_iters);
+  o.hc_head = absl::GetFlag(FLAGS_hc_head);
+  if (o.hc_mult < 1 || o.hc_mult > 16) ExitWithUsageError("--hc_mult must be in [1, 16]");
+  if (o.hc_sinkhorn_iters < 1) ExitWithUsageError("--hc_sinkhorn_iters must be at least 1");
   o.swiglu_limit = static_cast<float>(absl::GetFlag(FLAGS_swiglu_limit));
   if (!(o.swiglu_limit >= 0.0f)) ExitWithUsageError("--swiglu_limit must be >= 0");
   o.mtp_layers = absl::GetFlag(FLAGS_mtp_layers);

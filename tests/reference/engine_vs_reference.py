@@ -78,7 +78,25 @@ CASES = {
     # The experts' clamped SwiGLU (swiglu_limit 0.5: active on many rows).
     "glm5_next_swiglu_limit": (["--preset=glm5-next-tiny", "--swiglu_limit=0.5", "--seed=53"],
                                160, 32),
+    # Manifold-constrained hyper-connections: four residual streams, mixed
+    # around every sub-block (KDA, MLA, MoE and dense MLP), their mean for the
+    # head (GLM-5.3-Flash's layout); prefill chunks of 48 past the MLA layer's
+    # window.
+    "glm5_next_hyper_connections": (["--preset=glm5-next-tiny", "--hc_mult=4", "--seed=59"],
+                                    160, 48, 64),
+    # Two streams, three Sinkhorn iterations, DeepSeek-V4's learned head
+    # weights (hc_head), one token a round.
+    "glm5_next_hyper_decode_steps": (["--preset=glm5-next-tiny", "--hc_mult=2",
+                                      "--hc_sinkhorn_iters=3", "--hc_head", "--seed=61"], 80, 1),
 }
+
+# Cases whose model is less well conditioned than TOLERANCE assumes, with the
+# bound measured on the reference alone: glm5_next_hyper_decode_steps' float64
+# logits move by 6.4e-6 of their scale at position 58 (2e-6 at 46, 59, 60)
+# when every weight is scaled by 1 + 6e-8 * N(0, 1) (float32's rounding), and
+# the engine's error peaks at the same positions (5.7e-6 at 58, 2e-7 to 5e-7
+# elsewhere).
+CASE_TOLERANCE = {"glm5_next_hyper_decode_steps": 8e-6}
 
 
 # MTP layers (DeepSeek-V3 / GLM-5 num_nextn_predict_layers): the MTP layer's
@@ -162,9 +180,10 @@ def one_case(build, name, work):
     scale = np.abs(ref).max()
     err = np.abs(eng - ref).max() / scale
     argmax_same = float(np.mean(eng.argmax(axis=1) == ref.argmax(axis=1)))
-    ok = err <= TOLERANCE
+    bound = CASE_TOLERANCE.get(name, TOLERANCE)
+    ok = err <= bound
     print(f"{'ok  ' if ok else 'FAIL'} {name}: {n_tokens} tokens, max |engine - ref| / max |ref| ="
-          f" {err:.2e} (bound {TOLERANCE:.0e}), greedy argmax equal at {argmax_same:.4f}"
+          f" {err:.2e} (bound {bound:.0e}), greedy argmax equal at {argmax_same:.4f}"
           f" of positions", flush=True)
     return ok
 

@@ -19,6 +19,14 @@ outputs are deepseek_reference.py's: teacher-forced logits of every position, ra
 little-endian float64 [T][vocab_size]. --kda_chunk C > 0 computes every KDA layer in the
 chunked (WY / UT transform) form, over chunks aligned to absolute positions 0, C, 2C, ...;
 0 (the default) uses the per-token recurrence. The two agree to about 1e-14 in float64.
+
+config.json's hc_mult n > 1 turns on manifold-constrained hyper-connections (mHC, as in
+DeepSeek-V4): the residual stream is n streams [n, hidden] per position instead of one. Each
+sub-block (the mixer, then the MLP/MoE) reads a weighted sum of the streams and writes its
+output back into every stream, which are also mixed by a Sinkhorn-normalised n x n matrix;
+the head collapses the streams into one before model.norm. The weights of all three are
+computed per position from the streams themselves (hc_mix, hc_head). The main model's logits
+work with n > 1; its MTP layer (--mtp_out, --mtp_draft) is refused.
 """
 
 import json
@@ -174,6 +182,65 @@ def zero_kda_state(config):
     }
 
 
+# ---------------------------------------------------------------- hyper-connections (mHC)
+
+
+def hc_sinkhorn(logits, iters, eps):
+    """The residual mixing matrix C [..., n, n] (C[a][b]: how much of stream a goes to stream b)
+    from its logits M [..., n, n]: a softmax over b of each row a, plus eps, then alternate
+    normalisations that make C approximately doubly stochastic, each dividing by (sum + eps):
+    columns (sums over a) first, then iters - 1 rounds of rows (sums over b) and columns. The
+    last step normalises columns, so a column sums to S / (S + eps), 1 up to about eps (S its
+    sum before that step); rows only converge towards 1 as iters grows."""
+    c = torch.softmax(logits, -1) + eps
+    c = c / (c.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(-1, keepdim=True) + eps)
+        c = c / (c.sum(-2, keepdim=True) + eps)
+    return c
+
+
+def hc_normalized(x, rms_eps):
+    """The streams x [T, n, D] of each position flattened stream-major (flat[h*D + d] = x[h][d])
+    and divided by their RMS: r / sqrt(mean(r^2) + rms_eps), with no weight."""
+    r = x.reshape(x.shape[0], -1)
+    return r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + rms_eps)
+
+
+def hc_mix(x, fn, base, scale, iters, eps, rms_eps):
+    """One sub-block's hyper-connection weights from the streams x [T, n, D] of each position.
+    fn [(2+n)*n, n*D], base [(2+n)*n], scale [3]. With mixes = fn @ hc_normalized(x):
+        pre_i  = sigmoid(mixes[i] * scale[0] + base[i]) + eps                   (i < n)
+        post_i = 2 sigmoid(mixes[n+i] * scale[1] + base[n+i])
+        C      = hc_sinkhorn(M), M[a][b] = mixes[2n + a*n + b] * scale[2] + base[2n + a*n + b]
+    Returns pre [T, n], post [T, n] and C [T, n, n] (C[t][a][b])."""
+    n = x.shape[1]
+    mixes = hc_normalized(x, rms_eps) @ fn.T  # [T, (2+n)*n]
+    pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + eps
+    post = 2 * torch.sigmoid(mixes[:, n : 2 * n] * scale[1] + base[n : 2 * n])
+    comb_logits = (mixes[:, 2 * n :] * scale[2] + base[2 * n :]).view(-1, n, n)
+    return pre, post, hc_sinkhorn(comb_logits, iters, eps)
+
+
+def hc_collapse(x, weights):
+    """The sub-block's input y [T, D] = sum_i weights[t][i] * x[t][i]."""
+    return torch.einsum("tn,tnd->td", weights, x)
+
+
+def hc_expand(x, out, post, comb):
+    """The streams after a sub-block with output out [T, D]:
+    x_new[b] = post_b * out + sum_a C[a][b] * x[a]."""
+    return post[:, :, None] * out[:, None, :] + torch.einsum("tab,tad->tbd", comb, x)
+
+
+def hc_head(x, fn, base, scale, eps, rms_eps):
+    """The single stream [T, D] the final norm and lm_head see: sum_i w_i x[i], with
+    w_i = sigmoid(hm[i] * scale[0] + base[i]) + eps, hm = fn @ hc_normalized(x); fn [n, n*D],
+    base [n], scale [1]."""
+    weights = torch.sigmoid((hc_normalized(x, rms_eps) @ fn.T) * scale[0] + base) + eps
+    return hc_collapse(x, weights)
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -199,10 +266,41 @@ def swiglu(gate, up, limit=None):
     return torch.nn.functional.silu(gate) * up
 
 
+# hc_mult's accepted range, as the engine's config parser takes it: the streams multiply the
+# residual state n-fold, and mHC models use a handful of streams (4 in the mHC paper).
+HC_MULT_MAX = 16
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_hyper_connections(raw):
+    """(hc_mult, hc_sinkhorn_iters, hc_eps) from config.json. hc_mult absent, null or 1: a plain
+    residual stream, and the other two keys are not looked at (that model never uses them).
+    Otherwise hc_mult is an integer in [1, 16], hc_sinkhorn_iters an integer >= 1 (absent or
+    null: 20), hc_eps a finite float > 0 (absent or null: 1e-6)."""
+    n = raw.get("hc_mult")
+    if n is None:
+        return 1, 20, 1e-6
+    if not _is_int(n) or not 1 <= n <= HC_MULT_MAX:
+        raise SystemExit(
+            f"glm5_next: hc_mult {n!r} must be an integer from 1 (no hyper-connections) to {HC_MULT_MAX}"
+        )
+    if n == 1:
+        return 1, 20, 1e-6
+    iters = raw.get("hc_sinkhorn_iters")
+    iters = 20 if iters is None else iters
+    if not _is_int(iters) or iters < 1:
+        raise SystemExit(f"glm5_next: hc_sinkhorn_iters {iters!r} must be an integer >= 1")
+    eps = raw.get("hc_eps")
+    eps = 1e-6 if eps is None else eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:  # also NaN
+        raise SystemExit(f"glm5_next: hc_eps {eps!r} must be a positive number")
+    return n, iters, float(eps)
+
+
 def _reject_unsupported(raw):
-    hc_mult = raw.get("hc_mult")
-    if hc_mult not in (None, 1):
-        raise SystemExit(f"glm5_next: hc_mult {hc_mult!r} (hyper-connections) is not implemented; only 1")
     kpool = raw.get("index_kpool")
     if kpool not in (None, 0, 1, False):
         raise SystemExit(f"glm5_next: index_kpool {kpool!r} (pooled indexer keys) is not implemented")
@@ -238,6 +336,8 @@ class Config(ds.Config):
         self.linear_lower_bound = lower_bound
         # Clamped SwiGLU in the MLPs of MoE layers (routed and shared experts); None: no clamp.
         self.swiglu_limit = parse_swiglu_limit(raw)
+        # Hyper-connections: hc_mult residual streams; 1 is the plain residual.
+        self.hc_mult, self.hc_sinkhorn_iters, self.hc_eps = parse_hyper_connections(raw)
         # Everything else is glm_moe_dsa's, with its defaults (indexer RoPE interleaved).
         super().__init__(dict(raw, model_type="glm_moe_dsa"))
         self.model_type = MODEL_TYPE
@@ -294,6 +394,101 @@ class Reference(ds.Reference):
             raise SystemExit("--kda_chunk must be 0 (recurrent) or a chunk length")
         self.kda_chunk = kda_chunk
         self._active_swiglu_limit = None  # config.swiglu_limit while a MoE layer runs
+
+    # ------------------------------------------------------------ hyper-connections
+
+    def hc_weights(self, prefix):
+        """(fn, base, scale) of one hyper-connection as float64: prefix "model.layers.{i}.hc_attn"
+        or "...hc_ffn" ([(2+n)*n, n*D], [(2+n)*n], [3]) or "model.hc_head" ([n, n*D], [n], [1]).
+        A shape other than those is refused: fn's flattening order cannot be guessed."""
+        n, hidden = self.config.hc_mult, self.config.hidden_size
+        rows, scales = (n, 1) if prefix == "model.hc_head" else ((2 + n) * n, 3)
+        expected = {"_fn": [rows, n * hidden], "_base": [rows], "_scale": [scales]}
+        tensors = []
+        for suffix, shape in expected.items():
+            value = self._weight(prefix + suffix)
+            if list(value.shape) != shape:
+                raise SystemExit(f"{prefix}{suffix}: shape {list(value.shape)}, expected {shape} (hc_mult {n})")
+            tensors.append(value)
+        return tensors
+
+    def _hc_mix(self, prefix, x):
+        config = self.config
+        fn, base, scale = self.hc_weights(prefix)
+        return hc_mix(x, fn, base, scale, config.hc_sinkhorn_iters, config.hc_eps, config.rms_norm_eps)
+
+    def hidden_states(self, tokens):
+        """As deepseek_reference's; with hc_mult n > 1 the embedding starts n equal streams
+        [T, n, hidden], the layers update all of them, and hc_head (or, without model.hc_head_*
+        tensors, their mean) collapses them into the one stream model.norm sees."""
+        config = self.config
+        if config.hc_mult == 1:
+            return super().hidden_states(tokens)
+        embedded = self._weight(self._embedding_and_head()[0])[torch.tensor(tokens, dtype=torch.long)]
+        streams = embedded[:, None, :].expand(-1, config.hc_mult, -1).clone()
+        cos, sin = ds.rope_tables(config, len(tokens))
+        selection = None
+        selections = []
+        for layer in range(config.num_layers):
+            streams, selection = self._decoder_layer(layer, streams, cos, sin, selection)
+            selections.append(selection[1])
+        if "model.hc_head_fn" in self.checkpoint:
+            # DeepSeek-V4's head: learned stream weights.
+            fn, base, scale = self.hc_weights("model.hc_head")
+            hidden = hc_head(streams, fn, base, scale, config.hc_eps, config.rms_norm_eps)
+        else:
+            # GLM-5.3-Flash's checkpoints carry no hc_head tensors: the head reads the plain
+            # mean of the streams.
+            hidden = streams.mean(dim=1)
+        return ds.rms_norm(hidden, self._weight("model.norm.weight"), config.rms_norm_eps), selections
+
+    def _decoder_layer(self, layer, hidden, cos, sin, previous_selection):
+        """deepseek_reference's layer; with hc_mult n > 1, `hidden` is the streams [T, n, hidden]
+        and each sub-block, with its own norm as before, sees hc_collapse of them and is written
+        back by hc_expand instead of being added to one residual stream."""
+        config = self.config
+        if config.hc_mult == 1:
+            return super()._decoder_layer(layer, hidden, cos, sin, previous_selection)
+        prefix = f"model.layers.{layer}."
+        eps = config.rms_norm_eps
+        pre, post, comb = self._hc_mix(prefix + "hc_attn", hidden)
+        x = ds.rms_norm(hc_collapse(hidden, pre), self._weight(prefix + "input_layernorm.weight"), eps)
+        attention_out, selection = self._attention(layer, x, cos, sin, previous_selection)
+        hidden = hc_expand(hidden, attention_out, post, comb)
+        pre, post, comb = self._hc_mix(prefix + "hc_ffn", hidden)
+        x = ds.rms_norm(hc_collapse(hidden, pre), self._weight(prefix + "post_attention_layernorm.weight"), eps)
+        if config.mlp_type(layer) == "sparse":
+            mlp_out = self._moe(prefix + "mlp", x)
+        else:
+            mlp_out = self._mlp(prefix + "mlp", x)
+        return hc_expand(hidden, mlp_out, post, comb), selection
+
+    # ------------------------------------------------------------ MTP
+
+    def _mtp_prefix(self):
+        # The MTP layer of a hyper-connection model would need its own stream handling (what it
+        # is fed, whether it has hc tensors), which no spec here defines: refuse rather than guess.
+        # Only the MTP entry points come here; the main model's logits never do.
+        config = self.config
+        if config.hc_mult > 1 and config.num_nextn_predict_layers:
+            raise SystemExit(
+                f"glm5_next: MTP (num_nextn_predict_layers {config.num_nextn_predict_layers}) with hc_mult "
+                f"{config.hc_mult} (hyper-connections) is not implemented: drop --mtp_out / --mtp_draft "
+                "(the main model's logits are implemented)"
+            )
+        return super()._mtp_prefix()
+
+    def mtp_forward(self, tokens):
+        if self.config.hc_mult > 1:
+            self._mtp_prefix()  # refuse before the main-model pass, not after it
+        return super().mtp_forward(tokens)
+
+    def mtp_draft_steps(self, tokens, next_token, k):
+        if self.config.hc_mult > 1:
+            self._mtp_prefix()
+        return super().mtp_draft_steps(tokens, next_token, k)
+
+    # ------------------------------------------------------------ mixers
 
     def _attention(self, layer, x, cos, sin, previous_selection):
         if self.config.layer_type(layer) == "full_attention":

@@ -3,12 +3,16 @@
 
 Writes tiny random glm5_next checkpoints with its own safetensors writer (F32; BF16 with
 linear_lower_bound and A_log stored as [1, 1, H, 1]; FP8 block-scaled linears over two shards
-with an MTP layer; F32 with qk_rope_head_dim 0). Checks a hand-computed KDA step, a scalar
+with an MTP layer; F32 with qk_rope_head_dim 0; hyper-connections with hc_mult 4 (F32) and 2
+(BF16, two shards, an MTP layer)). Checks a hand-computed KDA step, a scalar
 re-implementation of a whole KDA mixer (both gates), the causal conv convention, chunked ==
 recurrent, resuming from a (conv state, S) checkpoint, causality, that a wrong conv tap order
 or a missing L2 norm changes the logits, NoPE MLA and indexer, swiglu_limit's clamped SwiGLU
 (a hand-computed MoE layer; MoE layers and the MTP layer clamped, dense layers not; 1e9 ==
-no limit), the config rules, and the command line (also through deepseek_reference.py).
+no limit), hyper-connections (Sinkhorn sums, a hand-computed sub-block, the degenerate
+uniform case, layer and head wiring against plain Python with stub mixers, prefill ==
+position-by-position decode, hc tensors that move the logits, MTP refused), the config
+rules, and the command line (also through deepseek_reference.py).
 Exits 0 when everything passes; the last line is 'N passed, M failed'.
 """
 
@@ -107,6 +111,24 @@ def nope_config():
     )
 
 
+def hc4_config():
+    """Four hyper-connection streams, hc_sinkhorn_iters and hc_eps left to their defaults."""
+    return dict(BASE_CONFIG, hc_mult=4)
+
+
+def hc2_mtp_config():
+    """Two streams with explicit Sinkhorn keys, and an MTP layer (which the reference refuses
+    to run for a hyper-connection model, while the main model's logits work)."""
+    return dict(
+        BASE_CONFIG,
+        hc_mult=2,
+        hc_sinkhorn_iters=7,
+        hc_eps=1e-5,
+        num_nextn_predict_layers=1,
+        layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
+    )
+
+
 # ---------------------------------------------------------------- tiny checkpoints
 
 
@@ -198,6 +220,22 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
         norm(p + "shared_head.norm.weight", hidden)
         head = rng.standard_normal((config.vocab_size, hidden)) / math.sqrt(hidden)
         tensors[p + "shared_head.head.weight"] = ("BF16", head)
+    if config.hc_mult > 1:
+        # Written last, so the other tensors of a seed are those of a model without them. fn
+        # scaled so each mix is about N(0, 1) for normalised streams; scales and bases of order 1
+        # so that pre, post and C all vary between positions. fn in the small dtype (BF16 or
+        # F32), base and scale always F32: the reference converts whatever is stored.
+        n = config.hc_mult
+
+        def hc(prefix, rows, scales):
+            tensors[prefix + "_fn"] = (small_dtype, rng.standard_normal((rows, n * hidden)) / math.sqrt(n * hidden))
+            tensors[prefix + "_base"] = ("F32", 0.5 * rng.standard_normal(rows))
+            tensors[prefix + "_scale"] = ("F32", rng.uniform(0.5, 1.5, scales))
+
+        for layer in range(config.num_layers):
+            hc(f"model.layers.{layer}.hc_attn", (2 + n) * n, 3)
+            hc(f"model.layers.{layer}.hc_ffn", (2 + n) * n, 3)
+        hc("model.hc_head", n, 1)
 
     names = list(tensors)
     if shards == 1:
@@ -214,12 +252,14 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
 
 
 def _model_dirs(tmp):
-    dirs = {name: os.path.join(tmp, name) for name in ("f32", "bf16_lb", "fp8", "nope")}
+    dirs = {name: os.path.join(tmp, name) for name in ("f32", "bf16_lb", "fp8", "nope", "hc4", "hc2_mtp")}
     if not os.path.exists(dirs["f32"]):
         make_checkpoint(dirs["f32"], f32_config(), 20, "F32", "F32")
         make_checkpoint(dirs["bf16_lb"], bf16_lb_config(), 21, "BF16", "BF16", a_log_4d=True)
         make_checkpoint(dirs["fp8"], fp8_config(), 22, "F8_E4M3", "BF16", shards=2)
         make_checkpoint(dirs["nope"], nope_config(), 23, "F32", "F32")
+        make_checkpoint(dirs["hc4"], hc4_config(), 25, "F32", "F32")
+        make_checkpoint(dirs["hc2_mtp"], hc2_mtp_config(), 26, "BF16", "BF16", shards=2)
     return dirs
 
 
@@ -636,7 +676,20 @@ def test_config_rules(tmp):
     no_index = ref.Config(dict(f32_config(), index_topk=0))
     assert not no_index.has_indexer and no_index.indexer_type(1) == "none"
     # Trivial values of the keys this version does not implement are accepted.
-    ref.Config(dict(f32_config(), hc_mult=1, index_kpool=None))
+    ref.Config(dict(f32_config(), index_kpool=None))
+    # hc_mult: absent, null or 1 is the plain residual, whatever the other hc keys say (they are
+    # not read); n > 1 takes hc_sinkhorn_iters (default 20) and hc_eps (default 1e-6).
+    for plain in (ref.Config(f32_config()), ref.Config(dict(f32_config(), hc_mult=None))):
+        assert (plain.hc_mult, plain.hc_sinkhorn_iters, plain.hc_eps) == (1, 20, 1e-6)
+    one = ref.Config(dict(f32_config(), hc_mult=1, hc_sinkhorn_iters=0, hc_eps=-1))
+    assert (one.hc_mult, one.hc_sinkhorn_iters, one.hc_eps) == (1, 20, 1e-6)
+    four = ref.Config(hc4_config())
+    assert (four.hc_mult, four.hc_sinkhorn_iters, four.hc_eps) == (4, 20, 1e-6)
+    nulls = ref.Config(dict(hc4_config(), hc_sinkhorn_iters=None, hc_eps=None))
+    assert (nulls.hc_sinkhorn_iters, nulls.hc_eps) == (20, 1e-6)
+    two = ref.Config(hc2_mtp_config())
+    assert (two.hc_mult, two.hc_sinkhorn_iters, two.hc_eps) == (2, 7, 1e-5)
+    assert ref.Config(dict(f32_config(), hc_mult=16, hc_sinkhorn_iters=1, hc_eps=2)).hc_eps == 2.0
     # swiglu_limit: absent, null, 0 or false is no clamp; a positive number is the limit.
     assert config.swiglu_limit is None
     for off in (None, 0, 0.0, False):
@@ -648,7 +701,19 @@ def test_config_rules(tmp):
     shares_linear_only = ref.Config(dict(f32_config(), index_topk_freq=2, index_skip_topk_offset=0))
     assert shares_linear_only.indexer_types == ["none", "full", "none", "full"]
     bad = {
-        "hc_mult": dict(f32_config(), hc_mult=4),
+        "hc_mult 0 must be an integer": dict(f32_config(), hc_mult=0),
+        "hc_mult -2 must be": dict(f32_config(), hc_mult=-2),
+        "hc_mult 17 must be": dict(f32_config(), hc_mult=17),
+        "hc_mult 2.0 must be": dict(f32_config(), hc_mult=2.0),
+        "hc_mult True must be": dict(f32_config(), hc_mult=True),
+        "hc_mult '4' must be": dict(f32_config(), hc_mult="4"),
+        "hc_sinkhorn_iters 0 must be": dict(f32_config(), hc_mult=2, hc_sinkhorn_iters=0),
+        "hc_sinkhorn_iters 2.5 must be": dict(f32_config(), hc_mult=2, hc_sinkhorn_iters=2.5),
+        "hc_eps 0 must be a positive number": dict(f32_config(), hc_mult=2, hc_eps=0),
+        "hc_eps -1e-06 must be": dict(f32_config(), hc_mult=2, hc_eps=-1e-6),
+        "hc_eps nan must be": dict(f32_config(), hc_mult=2, hc_eps=math.nan),
+        "hc_eps inf must be": dict(f32_config(), hc_mult=2, hc_eps=math.inf),
+        "hc_eps '1e-6' must be": dict(f32_config(), hc_mult=2, hc_eps="1e-6"),
         "index_kpool": dict(f32_config(), index_kpool=4),
         "swiglu_limit -1.0 must be a positive number": dict(f32_config(), swiglu_limit=-1.0),
         "swiglu_limit True": dict(f32_config(), swiglu_limit=True),
@@ -674,21 +739,26 @@ def test_config_rules(tmp):
     assert r.kda_weights(0)["A_log"].shape == (2,)
 
 
-def _with_limit(tmp, name, limit):
-    """A copy of checkpoint `name` whose config.json says swiglu_limit `limit` (same weights,
-    linked, not rewritten)."""
+def _with_keys(tmp, name, tag, **keys):
+    """A copy of checkpoint `name` whose config.json also says `keys` (same weights, linked,
+    not rewritten), in a directory named after `tag`."""
     source = _model_dirs(tmp)[name]
-    directory = os.path.join(tmp, f"{name}_limit_{limit}")
+    directory = os.path.join(tmp, f"{name}_{tag}")
     if not os.path.exists(directory):
         os.makedirs(directory)
         with open(os.path.join(source, "config.json")) as f:
             raw = json.load(f)
         with open(os.path.join(directory, "config.json"), "w") as f:
-            json.dump(dict(raw, swiglu_limit=limit), f, indent=1)
+            json.dump(dict(raw, **keys), f, indent=1)
         for file_name in os.listdir(source):
             if file_name != "config.json":
                 os.symlink(os.path.join(source, file_name), os.path.join(directory, file_name))
     return directory
+
+
+def _with_limit(tmp, name, limit):
+    """A copy of checkpoint `name` whose config.json says swiglu_limit `limit`."""
+    return _with_keys(tmp, name, f"limit_{limit}", swiglu_limit=limit)
 
 
 def test_swiglu_limit_hand_expert(_):
@@ -862,6 +932,442 @@ def test_command_line(tmp):
     assert np.array_equal(np.fromfile(mtp_out, dtype="<f8").reshape(len(TOKENS) - 1, VOCAB), mtp_logits.numpy())
 
 
+# ---------------------------------------------------------------- hyper-connections (mHC)
+
+
+def _scalar_sinkhorn(logits, iters, eps, columns_first=True):
+    """hc_sinkhorn for one n x n matrix in plain Python floats: a softmax over b of each row a,
+    + eps, then columns, then iters - 1 rounds of rows and columns, each divided by (sum + eps).
+    columns_first=False swaps the two normalisations (a wrong order, to show the check bites)."""
+    n = len(logits)
+    c = []
+    for a in range(n):
+        top = max(logits[a])
+        exps = [math.exp(z - top) for z in logits[a]]
+        c.append([e / sum(exps) + eps for e in exps])
+
+    def columns():
+        sums = [sum(c[a][b] for a in range(n)) for b in range(n)]
+        for a in range(n):
+            c[a] = [c[a][b] / (sums[b] + eps) for b in range(n)]
+
+    def rows():
+        for a in range(n):
+            total = sum(c[a])
+            c[a] = [v / (total + eps) for v in c[a]]
+
+    first, second = (columns, rows) if columns_first else (rows, columns)
+    first()
+    for _ in range(iters - 1):
+        second()
+        first()
+    return c
+
+
+def _scalar_hc_weights(streams, fn, base, scale, iters, eps, rms_eps, dim_major=False):
+    """pre, post and C of one sub-block for one position's streams [n][D], in plain Python from
+    the spec: mixes = fn @ (r / sqrt(mean(r^2) + rms_eps)), r the streams flattened stream-major
+    (dim_major=True flattens d-major instead: a wrong order, to show the check bites)."""
+    n, dim = len(streams), len(streams[0])
+    if dim_major:
+        r = [streams[h][d] for d in range(dim) for h in range(n)]
+    else:
+        r = [streams[h][d] for h in range(n) for d in range(dim)]
+    rms = math.sqrt(sum(v * v for v in r) / len(r) + rms_eps)
+    mixes = [sum(w * v for w, v in zip(row, r)) / rms for row in fn]
+    pre = [sigmoid(mixes[i] * scale[0] + base[i]) + eps for i in range(n)]
+    post = [2.0 * sigmoid(mixes[n + i] * scale[1] + base[n + i]) for i in range(n)]
+    logits = [[mixes[2 * n + a * n + b] * scale[2] + base[2 * n + a * n + b] for b in range(n)] for a in range(n)]
+    return pre, post, _scalar_sinkhorn(logits, iters, eps)
+
+
+def _scalar_hc_step(streams, pre, post, comb, block, transpose=False):
+    """One sub-block in plain Python: y = sum_i pre_i x_i, o = block(y),
+    x_new[b] = post_b o + sum_a C[a][b] x[a] (transpose=True uses C[b][a]: a wrong index order)."""
+    n, dim = len(streams), len(streams[0])
+    y = [sum(pre[i] * streams[i][d] for i in range(n)) for d in range(dim)]
+    o = block(y)
+    weight = (lambda a, b: comb[b][a]) if transpose else (lambda a, b: comb[a][b])
+    return [
+        [post[b] * o[d] + sum(weight(a, b) * streams[a][d] for a in range(n)) for d in range(dim)] for b in range(n)
+    ]
+
+
+def test_hc_sinkhorn(_):
+    """The mixing matrix: columns sum to 1 (up to eps / S) after any number of rounds, rows within
+    1e-3 after the default 20, both to 1e-9 with a tiny eps and many rounds; never negative.
+    Against plain Python (with a large eps, so where it enters matters) in the spec's order.
+
+    The last step divides each column by (its sum S + eps), so a column sums to S / (S + eps):
+    1 - eps when S is 1, a little more below 1 - eps when S < 1. So a column is within 1e-6 + eps
+    of 1, and within 1e-9 of 1 / (1 + eps) once S is within 1e-3 of 1."""
+    rng = np.random.default_rng(7)
+    logits = torch.from_numpy(rng.standard_normal((64, 4, 4)))
+    eps = 1e-6
+    c = ref.hc_sinkhorn(logits, 20, eps)
+    ones = torch.ones(64, 4, dtype=torch.float64)
+    assert (c >= 0).all()
+    assert max_diff(c.sum(-2), ones) < 1e-6 + eps, max_diff(c.sum(-2), ones)
+    assert max_diff(c.sum(-2), ones / (1 + eps)) < 1e-9, max_diff(c.sum(-2), ones / (1 + eps))
+    assert max_diff(c.sum(-1), ones) < 1e-3, max_diff(c.sum(-1), ones)
+    once = ref.hc_sinkhorn(logits, 1, eps)  # only the column step: rows are still off by 0.44
+    assert max_diff(once.sum(-2), ones) < 10 * eps and max_diff(once.sum(-1), ones) > 0.1
+    tight = ref.hc_sinkhorn(logits, 300, 1e-15)
+    assert max_diff(tight.sum(-2), ones) < 1e-9 and max_diff(tight.sum(-1), ones) < 1e-9
+    assert (tight >= 0).all()
+    # Strongly peaked logits (a softmax ~1e-9 off the peak) stay finite and non-negative.
+    peaked = ref.hc_sinkhorn(logits * 20, 20, eps)
+    assert torch.isfinite(peaked).all() and (peaked >= 0).all()
+    eps = 0.05
+    for iters in (1, 2, 3, 5):
+        got = ref.hc_sinkhorn(logits[:3, :3, :3], iters, eps)
+        for m in range(3):
+            want = _scalar_sinkhorn(logits[m, :3, :3].tolist(), iters, eps)
+            assert max_diff(got[m], f64(want)) < 1e-15, (iters, m)
+    wrong = _scalar_sinkhorn(logits[0, :3, :3].tolist(), 3, eps, columns_first=False)
+    assert max_diff(ref.hc_sinkhorn(logits[0, :3, :3], 3, eps), f64(wrong)) > 1e-4
+
+
+def test_hc_hand_sublayer(_):
+    """One sub-block with n = 2 streams of D = 2 whose block is o = 2 y.
+
+    Worked by hand: scale = (0, 0, 0) (fn's mixes then count for nothing, though fn is not 0),
+    base = (0, ln 3 | 0, ln 3 | 0, ln 3, ln 3, 0), hc_eps ~ 0, x = [[1, 2], [3, -1]]:
+      pre  = (sigmoid(0), sigmoid(ln 3)) = (1/2, 3/4)
+      post = 2 (sigmoid(0), sigmoid(ln 3)) = (1, 3/2)
+      C    = softmax of the rows [0, ln 3], [ln 3, 0] = [[1/4, 3/4], [3/4, 1/4]], already
+             doubly stochastic, so Sinkhorn leaves it
+      y    = 1/2 (1, 2) + 3/4 (3, -1) = (2.75, 0.25),   o = (5.5, 0.5)
+      x_new[0] = 1 o + 1/4 x[0] + 3/4 x[1] = (8, 0.25)
+      x_new[1] = 3/2 o + 3/4 x[0] + 1/4 x[1] = (9.75, 2)
+    Then a general case (fn, scale and base all non-zero, two positions, large eps and rms eps)
+    against the plain-Python loops above, which a d-major flattening or C[b][a] would miss."""
+    ln3 = math.log(3.0)
+    x = f64([[[1.0, 2.0], [3.0, -1.0]]])
+    fn = f64([[((5 * i + 3 * j) % 7 - 3) / 4 for j in range(4)] for i in range(8)])
+    base = f64([0.0, ln3, 0.0, ln3, 0.0, ln3, ln3, 0.0])
+    pre, post, comb = ref.hc_mix(x, fn, base, f64([0.0, 0.0, 0.0]), 20, 1e-13, 1e-5)
+    assert max_diff(pre, f64([[0.5, 0.75]])) < 1e-12, pre
+    assert max_diff(post, f64([[1.0, 1.5]])) < 1e-15, post
+    assert max_diff(comb, f64([[[0.25, 0.75], [0.75, 0.25]]])) < 1e-12, comb
+    y = ref.hc_collapse(x, pre)
+    assert max_diff(y, f64([[2.75, 0.25]])) < 1e-12, y
+    x_new = ref.hc_expand(x, 2 * y, post, comb)
+    assert max_diff(x_new, f64([[[8.0, 0.25], [9.75, 2.0]]])) < 1e-11, x_new
+
+    xs = [[[1.0, 2.0], [3.0, -1.0]], [[0.5, -1.5], [2.0, 0.25]]]
+    base_values = [0.3, -0.2, 0.1, 0.4, -0.5, 0.25, 0.6, -0.1]
+    scale_values = [0.7, -1.3, 2.0]
+    iters, eps, rms_eps = 3, 1e-3, 1e-2
+    pre, post, comb = ref.hc_mix(f64(xs), fn, f64(base_values), f64(scale_values), iters, eps, rms_eps)
+    x_new = ref.hc_expand(f64(xs), 2 * ref.hc_collapse(f64(xs), pre), post, comb)
+    for t, streams in enumerate(xs):
+        want = _scalar_hc_weights(streams, fn.tolist(), base_values, scale_values, iters, eps, rms_eps)
+        for got, expected in zip((pre[t], post[t], comb[t]), want):
+            assert max_diff(got, f64(expected)) < 1e-15, (t, got, expected)
+        want_new = _scalar_hc_step(streams, *want, lambda v: [2 * e for e in v])
+        assert max_diff(x_new[t], f64(want_new)) < 1e-14, (t, x_new[t], want_new)
+        wrong_order = _scalar_hc_weights(streams, fn.tolist(), base_values, scale_values, iters, eps, rms_eps, True)
+        assert max_diff(pre[t], f64(wrong_order[0])) > 1e-3
+        transposed = _scalar_hc_step(streams, *want, lambda v: [2 * e for e in v], transpose=True)
+        assert max_diff(x_new[t], f64(transposed)) > 1e-3
+
+
+def test_hc_degenerate(_):
+    """fn = 0 and scale = 0, pre's base (b0, b1), the others 0: pre_i = sigmoid(b_i) + eps,
+    post = (1, 1), C = 1/2 everywhere (up to eps), so x_new[b] = o + mean_a x[a]. A non-zero fn
+    under scale 0 gives exactly the same. The head likewise: w_i = sigmoid(base_i) + eps."""
+    rng = np.random.default_rng(11)
+    x = torch.from_numpy(rng.standard_normal((3, 2, 3)))  # three positions, n = 2, D = 3
+    b = [1.5, -0.5]
+    base = f64(b + [0.0] * 6)
+    eps = 1e-6
+    pre, post, comb = ref.hc_mix(x, torch.zeros(8, 6, dtype=torch.float64), base, torch.zeros(3), 20, eps, 1e-5)
+    want_pre = f64([sigmoid(v) + eps for v in b])
+    assert max_diff(pre, want_pre.expand(3, 2)) < 1e-15 and torch.equal(post, torch.ones(3, 2, dtype=torch.float64))
+    assert max_diff(comb, torch.full((3, 2, 2), 0.5, dtype=torch.float64)) < 1e-5
+    y = ref.hc_collapse(x, pre)
+    assert max_diff(y, want_pre[0] * x[:, 0] + want_pre[1] * x[:, 1]) < 1e-15
+    o = y.sin()
+    x_new = ref.hc_expand(x, o, post, comb)
+    mean = x.mean(1)
+    for stream in range(2):
+        assert max_diff(x_new[:, stream], o + mean) < 1e-5
+    # ... and not simply x + o: the streams are averaged.
+    assert max_diff(x_new[:, 0], o + x[:, 0]) > 1e-2
+    fn = torch.from_numpy(rng.standard_normal((8, 6)))
+    scaled_away = ref.hc_mix(x, fn, base, torch.zeros(3), 20, eps, 1e-5)
+    assert all(torch.equal(got, want) for got, want in zip(scaled_away, (pre, post, comb)))
+    head = ref.hc_head(x, fn[:2], f64(b), torch.zeros(1), eps, 1e-5)
+    assert max_diff(head, y) < 1e-15
+
+
+def _hc_wiring_model():
+    """A two-layer n = 2, hidden 2 model (KDA then full attention; dense then MoE MLP) whose
+    mixers and MLPs are replaced by known functions: the tensors, the stubs (torch and
+    Python), and the Config."""
+    raw = dict(
+        BASE_CONFIG,
+        hidden_size=2,
+        vocab_size=3,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse"],
+        rms_norm_eps=1e-2,
+        hc_mult=2,
+        hc_sinkhorn_iters=5,
+        hc_eps=1e-3,
+    )
+
+    def numbers(rows, cols, salt):
+        return [[((5 * i + 3 * j + salt) % 7 - 3) / 4 for j in range(cols)] for i in range(rows)]
+
+    tensors = {
+        "model.embed_tokens.weight": [[1.0, -0.5], [0.25, 2.0], [-1.5, 0.75]],
+        "lm_head.weight": [[1.0, 0.5], [-0.5, 1.0], [0.25, -2.0]],
+        "model.norm.weight": [1.1, 0.9],
+        "model.hc_head_fn": numbers(2, 4, 9),
+        "model.hc_head_base": [0.2, -0.4],
+        "model.hc_head_scale": [0.8],
+    }
+    for layer in range(2):
+        p = f"model.layers.{layer}."
+        tensors[p + "input_layernorm.weight"] = [1.0 + 0.25 * layer, 0.5]
+        tensors[p + "post_attention_layernorm.weight"] = [0.75, 1.5 - 0.25 * layer]
+        for k, block in enumerate(("hc_attn", "hc_ffn")):
+            salt = 2 * layer + k
+            tensors[p + block + "_fn"] = numbers(8, 4, salt)
+            tensors[p + block + "_base"] = [((3 * i + salt) % 5 - 2) / 4 for i in range(8)]
+            tensors[p + block + "_scale"] = [0.5 + 0.25 * salt, 1.0 - 0.125 * salt, 1.5]
+    stubs = {
+        # mixer of layer L: (L + 1) tanh(x); dense MLP: (x0 - x1, x0 x1); MoE: (2 x1, -x0)
+        "attention": (
+            lambda layer, x: (layer + 1) * x.tanh(),
+            lambda layer, v: [(layer + 1) * math.tanh(e) for e in v],
+        ),
+        "dense": (
+            lambda x: torch.stack((x[:, 0] - x[:, 1], x[:, 0] * x[:, 1]), -1),
+            lambda v: [v[0] - v[1], v[0] * v[1]],
+        ),
+        "sparse": (lambda x: torch.stack((2 * x[:, 1], -x[:, 0]), -1), lambda v: [2 * v[1], -v[0]]),
+    }
+    return tensors, stubs, ref.Config(raw)
+
+
+def _scalar_hc_model(tensors, stubs, config, tokens, **mutation):
+    """_hc_wiring_model's logits in plain Python from the spec: n copies of the embedding, per
+    layer the mixer on input_layernorm(y) and the MLP on post_attention_layernorm(y) of their
+    own hc weights, then the head's weighted sum, model.norm and lm_head."""
+    n, eps, rms_eps, iters = config.hc_mult, config.hc_eps, config.rms_norm_eps, config.hc_sinkhorn_iters
+
+    def norm(v, weight):
+        scale = 1.0 / math.sqrt(sum(e * e for e in v) / len(v) + rms_eps)
+        return [e * scale * w for e, w in zip(v, weight)]
+
+    def weights(prefix, streams):
+        fn, base, scale = (tensors[prefix + s] for s in ("_fn", "_base", "_scale"))
+        return _scalar_hc_weights(streams, fn, base, scale, iters, eps, rms_eps, mutation.get("dim_major", False))
+
+    logits = []
+    for token in tokens:
+        streams = [list(tensors["model.embed_tokens.weight"][token]) for _ in range(n)]
+        for layer in range(config.num_layers):
+            p = f"model.layers.{layer}."
+            transpose = mutation.get("transpose", False)
+            attention_norm, mlp_norm = p + "input_layernorm.weight", p + "post_attention_layernorm.weight"
+            if mutation.get("swap_norms"):
+                attention_norm, mlp_norm = mlp_norm, attention_norm
+            pre, post, comb = weights(p + "hc_attn", streams)
+            mixer = lambda y: stubs["attention"][1](layer, norm(y, tensors[attention_norm]))  # noqa: E731
+            streams = _scalar_hc_step(streams, pre, post, comb, mixer, transpose)
+            pre, post, comb = weights(p + "hc_ffn", streams)
+            mlp = lambda y: stubs[config.mlp_type(layer)][1](norm(y, tensors[mlp_norm]))  # noqa: E731
+            streams = _scalar_hc_step(streams, pre, post, comb, mlp, transpose)
+        r = [e for stream in streams for e in stream]
+        rms = math.sqrt(sum(e * e for e in r) / len(r) + rms_eps)
+        hm = [sum(w * e for w, e in zip(row, r)) / rms for row in tensors["model.hc_head_fn"]]
+        head_scale, head_base = tensors["model.hc_head_scale"][0], tensors["model.hc_head_base"]
+        w = [sigmoid(hm[i] * head_scale + head_base[i]) + eps for i in range(n)]
+        y = [sum(w[i] * streams[i][d] for i in range(n)) for d in range(len(streams[0]))]
+        logits.append(matvec(tensors["lm_head.weight"], norm(y, tensors["model.norm.weight"])))
+    return logits
+
+
+def test_hc_layers_and_head(_):
+    """The Reference's layer and head wiring with n = 2: mixers and MLPs replaced by known
+    functions, logits against _scalar_hc_model to 1e-13. The same scalar model with the two
+    norms swapped, C transposed or the streams flattened d-major differs. A hyper-connection
+    tensor of the wrong shape is refused by name."""
+    tensors, stubs, config = _hc_wiring_model()
+    r = ref.Reference(config, DictCheckpoint(tensors))
+    r._attention = lambda layer, x, cos, sin, previous: (stubs["attention"][0](layer, x), (None, {}))
+    r._mlp = lambda prefix, x: stubs["dense"][0](x)
+    r._moe = lambda prefix, x: stubs["sparse"][0](x)
+    tokens = [2, 0, 1, 2]
+    with torch.no_grad():
+        got, selections = r.forward(tokens)
+    assert selections == [{}, {}]
+    want = f64(_scalar_hc_model(tensors, stubs, config, tokens))
+    assert max_diff(got, want) < 1e-13, (got, want)
+    for mutation in ("swap_norms", "transpose", "dim_major"):
+        wrong = f64(_scalar_hc_model(tensors, stubs, config, tokens, **{mutation: True}))
+        assert max_diff(got, wrong) > 1e-4, (mutation, max_diff(got, wrong))
+    for name, value in (("model.layers.1.hc_ffn_scale", [1.0, 1.0]), ("model.hc_head_fn", [[1.0] * 4] * 3)):
+        bad = ref.Reference(config, DictCheckpoint(dict(tensors, **{name: value})))
+        bad._attention, bad._mlp, bad._moe = r._attention, r._mlp, r._moe
+        try:
+            bad.forward(tokens)
+        except SystemExit as e:
+            assert name + ": shape" in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted {name} {value}")
+
+
+def _decode_hc(r, tokens):
+    """A hyper-connection model's logits computed one position at a time, as an engine decodes:
+    the position's streams [1, n, hidden] through every layer, each KDA layer carrying its
+    (conv, S) state from position to position, each full-attention layer attending over the
+    inputs it cached for the positions so far (its keys and values are functions of those).
+    Returns the logits and the largest difference between two streams seen."""
+    config = r.config
+    n, eps = config.hc_mult, config.rms_norm_eps
+    embedding_name, head_name = r._embedding_and_head()
+    embedding, head = r._weight(embedding_name), r._weight(head_name)
+    cos, sin = ds.rope_tables(config, len(tokens))
+    kda_states = [None] * config.num_layers
+    cached = [[] for _ in range(config.num_layers)]
+    rows, spread = [], 0.0
+    for t, token in enumerate(tokens):
+        streams = embedding[token].expand(1, n, -1).clone()
+        for layer in range(config.num_layers):
+            p = f"model.layers.{layer}."
+            pre, post, comb = r._hc_mix(p + "hc_attn", streams)
+            x = ds.rms_norm(ref.hc_collapse(streams, pre), r._weight(p + "input_layernorm.weight"), eps)
+            if config.layer_type(layer) == "linear_attention":
+                out, kda_states[layer] = r.kda_mixer(layer, x, state=kda_states[layer], start=t)
+            else:
+                cached[layer].append(x)
+                out, _ = r._attention(layer, torch.cat(cached[layer]), cos[: t + 1], sin[: t + 1], None)
+                out = out[-1:]
+            streams = ref.hc_expand(streams, out, post, comb)
+            pre, post, comb = r._hc_mix(p + "hc_ffn", streams)
+            x = ds.rms_norm(ref.hc_collapse(streams, pre), r._weight(p + "post_attention_layernorm.weight"), eps)
+            out = r._moe(p + "mlp", x) if config.mlp_type(layer) == "sparse" else r._mlp(p + "mlp", x)
+            streams = ref.hc_expand(streams, out, post, comb)
+            spread = max(spread, max_diff(streams[0, 0], streams[0, n - 1]))
+        fn, base, scale = r.hc_weights("model.hc_head")
+        y = ref.hc_head(streams, fn, base, scale, config.hc_eps, eps)
+        rows.append(ds.rms_norm(y, r._weight("model.norm.weight"), eps) @ head.T)
+    return torch.cat(rows), spread
+
+
+def test_hc_model(tmp):
+    """End to end on the tiny hyper-connection checkpoints (n = 4, F32; n = 2, BF16 fn): every hc
+    tensor is read, runs are bit-identical, prefill equals position-by-position decode (KDA
+    state carried, attention over cached inputs; with a dense window of 4 and index_topk 3,
+    so the indexer selects too), and one entry of an hc tensor moves the logits. hc_mult 1
+    written into the plain f32 model's config reads no hc tensor and changes nothing.
+
+    Layer 0's attention sees n equal streams (copies of the embedding), so there its pre
+    weights only scale y, which input_layernorm undoes (up to rms_norm_eps), and C, whose
+    columns sum to ~1, gives every stream back the embedding: only post matters. Its pre row
+    of hc_attn_fn barely moves the logits; its post row does. Later, pre and C matter."""
+    dirs = _model_dirs(tmp)
+    for name in ("hc4", "hc2_mtp"):
+        r = reference(dirs[name], dense_window=4, index_topk=3)
+        config = r.config
+        n = config.hc_mult
+        read = set()
+        get = r.checkpoint.get
+
+        def recording(tensor, get=get):
+            read.add(tensor)
+            return get(tensor)
+
+        r.checkpoint.get = recording
+        with torch.no_grad():
+            logits, dump = r.forward(TOKENS)
+        r.checkpoint.get = get
+        parts = ("fn", "base", "scale")
+        expected = {f"model.layers.{i}.hc_{b}_{s}" for i in range(4) for b in ("attn", "ffn") for s in parts}
+        expected |= {f"model.hc_head_{s}" for s in parts}
+        assert {t for t in read if "hc_" in t} == expected, (name, sorted(read))
+        assert torch.isfinite(logits).all() and logits.shape == (len(TOKENS), VOCAB)
+        assert any(selected for selected in dump), name  # the indexer ran past the window
+        with torch.no_grad():
+            again, _ = reference(dirs[name], dense_window=4, index_topk=3).forward(TOKENS)
+            decoded, spread = _decode_hc(r, TOKENS)
+        assert torch.equal(logits, again), name
+        assert max_diff(logits, decoded) < 1e-10, (name, max_diff(logits, decoded))
+        assert spread > 1e-2, (name, spread)  # the streams do come apart
+        mutations = (
+            ("model.layers.0.hc_attn_fn", (0, 0), False),  # pre of equal streams: normalised away
+            ("model.layers.0.hc_attn_fn", (n + 1, 0), True),  # a post weight's mix
+            ("model.layers.1.hc_attn_fn", (0, 0), True),  # a pre weight's mix
+            ("model.layers.1.hc_attn_fn", (2 * n + 1, 3), True),  # a C logit's mix
+            ("model.layers.2.hc_ffn_base", (n,), True),  # a post weight
+            ("model.hc_head_fn", (1, 5), True),
+        )
+        for tensor, index, moves in mutations:
+
+            def changed(t, tensor=tensor, index=index):
+                value = get(t)
+                if t == tensor:
+                    value = value.clone()
+                    value[index] += 1.0
+                return value
+
+            r.checkpoint.get = changed
+            with torch.no_grad():
+                moved, _ = r.forward(TOKENS)
+            r.checkpoint.get = get
+            assert (max_diff(logits, moved) > 1e-3) == moves, (name, tensor, index, max_diff(logits, moved))
+    one = reference(_with_keys(tmp, "f32", "hc1", hc_mult=1, hc_sinkhorn_iters=0), dense_window=4)
+    read = []
+    get = one.checkpoint.get
+    one.checkpoint.get = lambda tensor: read.append(tensor) or get(tensor)
+    with torch.no_grad():
+        plain_logits, _ = one.forward(TOKENS)
+    assert read and not any("hc_" in t for t in read)
+    assert torch.equal(plain_logits, run(dirs["f32"], dense_window=4)[0])
+
+
+def test_hc_mtp_refused(tmp):
+    """A hyper-connection model with an MTP layer: its logits work (in process and on the
+    command line, also through deepseek_reference.py), MTP logits and drafts are refused with
+    an error naming hc_mult, before the main-model pass."""
+    directory = _model_dirs(tmp)["hc2_mtp"]
+    r = reference(directory, dense_window=4)
+    assert r.config.num_nextn_predict_layers == 1 and r.config.hc_mult == 2
+    with torch.no_grad():
+        logits, _ = r.forward(TOKENS)
+    main_pass = r.hidden_states
+    r.hidden_states = lambda tokens: (_ for _ in ()).throw(AssertionError("the main model ran first"))
+    calls = (("mtp_forward", lambda: r.mtp_forward(TOKENS)), ("mtp_draft", lambda: r.mtp_draft(TOKENS, 5, 2)))
+    for name, call in calls:
+        try:
+            call()
+        except SystemExit as e:
+            assert "hc_mult 2" in str(e) and "num_nextn_predict_layers 1" in str(e), (name, str(e))
+        else:
+            raise AssertionError(f"{name} ran on a hyper-connection model")
+    r.hidden_states = main_pass
+    tokens = ",".join(map(str, TOKENS))
+    out = os.path.join(tmp, "hc_logits.bin")
+    script = os.path.join(HERE, "glm5_next_reference.py")
+    common = ["--model", directory, "--tokens", tokens, "--dense_window", "4"]
+    subprocess.run([sys.executable, script] + common + ["--out", out, "--kda_chunk", "4"], check=True)
+    written = np.fromfile(out, dtype="<f8").reshape(len(TOKENS), VOCAB)
+    assert np.abs(written - logits.numpy()).max() < 1e-10
+    refused = [
+        [script, "--out", out, "--mtp_out", os.path.join(tmp, "hc_mtp.bin")],
+        [os.path.join(HERE, "deepseek_reference.py"), "--out", out, "--mtp_draft", "2", "--mtp_next", "5"],
+    ]
+    for command in refused:
+        result = subprocess.run([sys.executable, command[0]] + common + command[1:], capture_output=True, text=True)
+        assert result.returncode != 0 and "hc_mult 2" in result.stderr, (command, result)
+
+
 TESTS = [
     test_hand_kda_steps,
     test_causal_conv,
@@ -878,6 +1384,12 @@ TESTS = [
     test_swiglu_limit_hand_expert,
     test_swiglu_limit_model,
     test_swiglu_limit_dense_model,
+    test_hc_sinkhorn,
+    test_hc_hand_sublayer,
+    test_hc_degenerate,
+    test_hc_layers_and_head,
+    test_hc_model,
+    test_hc_mtp_refused,
     test_config_rules,
     test_command_line,
 ]

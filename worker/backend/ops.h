@@ -125,6 +125,22 @@ struct KdaInput {
   const LinearAttentionConfig* config = nullptr;
 };
 
+// One hyper-connection's split of its mixes (HyperConfig, HyperWeights):
+// `scale` and `base` are the tensor's; `head` is the output head's (its
+// mixes are `mult` stream weights only).
+struct HyperArgs {
+  int mult = 1;
+  int64_t dim = 0;  // the hidden size: each stream's width
+  int sinkhorn_iters = 20;
+  float eps = 1e-6f;
+  absl::Span<const float> scale;
+  absl::Span<const float> base;
+  bool head = false;
+  // The head of a checkpoint without hc_head tensors (GLM-5.3-Flash's): the
+  // plain mean of the streams; `mixes`, `scale` and `base` are not read.
+  bool mean = false;
+};
+
 class ComputeOps {
  public:
   virtual ~ComputeOps() = default;
@@ -234,6 +250,21 @@ class ComputeOps {
                        float limit = 0.0f) = 0;
   // x = x + y over n floats (the residual stream).
   virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // Hyper-connections: a row's `mult` streams ([rows][mult * dim], stream h
+  // at h * dim) start as copies of its x row ([rows][dim]).
+  virtual void HyperExpand(const float* x, int mult, int64_t dim, int rows, float* streams) = 0;
+  // From each row's mixes ([rows][ld_mixes]: the projection of its RMS-normed
+  // streams) the stream weights pre = sigmoid(mix * scale[0] + base) + eps
+  // and y = sum_h pre_h * stream_h ([rows][dim]); unless `head`, also the
+  // output weights post = 2 sigmoid(...) and the mixing matrix (a row-wise
+  // softmax + eps, then column and row normalisations, Sinkhorn) into coeffs
+  // ([rows][mult + mult * mult]: post, then comb[a][b] row-major).
+  virtual void HyperPre(const HyperArgs& a, const float* streams, const float* mixes,
+                        int64_t ld_mixes, int rows, float* y, float* coeffs) = 0;
+  // streams[b] = post_b * o + sum_a comb[a][b] * streams[a] for each row
+  // (o: [rows][dim], the sub-block's output).
+  virtual void HyperPost(const float* o, const float* coeffs, int mult, int64_t dim, int rows,
+                         float* streams) = 0;
   // Decode context parallel: the group's ranks each keep the latent rows of
   // positions p with p % context_parallel() == context_rank(), so the KV
   // pool holds context_parallel() times the positions; StoreLatent,

@@ -50,6 +50,10 @@ enum Slot : int {
   kKdaGate,     // [T][linear heads * head_dim] f_b(f_a(x)), then g_b(g_a(x))
   kKdaBeta,     // [T][linear heads]
   kKdaOut,      // [T][linear heads * head_dim]
+  kHcStreams,   // [T][hc_mult * hidden] the residual streams (hyper-connections)
+  kHcNormed,    // [T][hc_mult * hidden] their RMS-normed copy
+  kHcMixes,     // [T][(2 + hc_mult) * hc_mult]
+  kHcCoeffs,    // [T][hc_mult + hc_mult^2] a sub-block's output weights and mixing matrix
   kHead,        // RoundIndex::Head's five slots (the last slot: Head uses kHead..kHead+4)
 };
 
@@ -75,6 +79,9 @@ DeepseekGraph::DeepseekGraph(std::shared_ptr<const ModelWeights> model)
       inv_freq_(RopeInverseFrequencies(cfg_)),
       scale_(SoftmaxScale(cfg_)),
       linear_(LocalLinear(cfg_, shard_)) {
+  // The RMS of the concatenated streams, without a weight.
+  if (cfg_.hyper.enabled())
+    hc_ones_.assign(static_cast<size_t>(cfg_.hyper.mult) * cfg_.hidden, 1.0f);
   const MlaConfig& m = cfg_.mla;
   const int64_t nv = m.qk_nope_head_dim + m.v_head_dim;
   int kv_layers = 0;
@@ -149,6 +156,19 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
   if (absl::Status st = reduce(x, T * D); !st.ok()) return st;
   if (cfg_.mtp_drafter) MtpInput(round, rows, ops, x);
 
+  // Hyper-connections: the residual is H streams, and x is always the sum
+  // the next sub-block (or the head) reads.
+  const bool hyper = cfg_.hyper.enabled();
+  const int H = cfg_.hyper.mult;
+  float* streams = nullptr;
+  float* coeffs = nullptr;
+  if (hyper) {
+    streams = ops->Scratch(kHcStreams, T * H * D);
+    coeffs = ops->Scratch(kHcCoeffs, T * (H + H * H));
+    ops->HyperExpand(x, H, D, rows, streams);
+    HyperPre(model_->layers[0].hc_attn, /*head=*/false, streams, rows, ops, x, coeffs);
+  }
+
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& w = model_->layers[l];
     ops->RmsNorm(x, w.attn_norm, D, cfg_.rms_eps, xb, rows);
@@ -158,7 +178,12 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
       return st;
     }
     if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
-    ops->Add(x, tmp, T * D);
+    if (hyper) {
+      ops->HyperPost(tmp, coeffs, H, D, rows, streams);
+      HyperPre(w.hc_ffn, /*head=*/false, streams, rows, ops, x, coeffs);
+    } else {
+      ops->Add(x, tmp, T * D);
+    }
 
     ops->RmsNorm(x, w.ffn_norm, D, cfg_.rms_eps, xb, rows);
     if (w.sparse) {
@@ -167,12 +192,45 @@ absl::StatusOr<RoundOutput> DeepseekGraph::Forward(const RoundInput& round, Comp
       GatedMlp(w.mlp, shard_.intermediate, xb, rows, ops, tmp);
     }
     if (absl::Status st = reduce(tmp, T * D); !st.ok()) return st;
-    ops->Add(x, tmp, T * D);
+    if (hyper) {
+      ops->HyperPost(tmp, coeffs, H, D, rows, streams);
+      // The next layer's input, or the head's.
+      const bool last = l + 1 == cfg_.layers;
+      HyperPre(last ? model_->hc_head : model_->layers[l + 1].hc_attn, last, streams, rows, ops, x,
+               coeffs);
+    } else {
+      ops->Add(x, tmp, T * D);
+    }
   }
 
   if (round.want_hidden) Hidden(round, x, rows, ops, &out);
   if (absl::Status st = index_.Head(*model_, round, x, kHead, ops, &out); !st.ok()) return st;
   return out;
+}
+
+void DeepseekGraph::HyperPre(const HyperWeights& w, bool head, const float* streams, int rows,
+                             ComputeOps* ops, float* x, float* coeffs) {
+  const HyperConfig& h = cfg_.hyper;
+  const int64_t width = int64_t{h.mult} * cfg_.hidden;
+  const int mix = head ? h.mult : h.mix_dim();
+  HyperArgs a;
+  // A head without weights (GLM-5.3-Flash's checkpoints have no hc_head).
+  a.mean = head && w.fn.data == nullptr;
+  float* mixes = nullptr;
+  if (!a.mean) {
+    float* normed = ops->Scratch(kHcNormed, rows * width);
+    mixes = ops->Scratch(kHcMixes, int64_t{rows} * h.mix_dim());
+    ops->RmsNorm(streams, hc_ones_, static_cast<int>(width), cfg_.rms_eps, normed, rows);
+    ops->MatMul(w.fn, normed, width, rows, mixes, mix);
+  }
+  a.mult = h.mult;
+  a.dim = cfg_.hidden;
+  a.sinkhorn_iters = h.sinkhorn_iters;
+  a.eps = h.eps;
+  a.scale = w.scale;
+  a.base = w.base;
+  a.head = head;
+  ops->HyperPre(a, streams, mixes, mix, rows, x, coeffs);
 }
 
 void DeepseekGraph::MtpInput(const RoundInput& round, int rows, ComputeOps* ops, float* x) {

@@ -90,6 +90,11 @@ class DeepseekGraph final : public ModelGraph {
                 float* out, float limit = 0.0f);
   // An MTP drafter's input rows into x, which holds the embeddings.
   void MtpInput(const RoundInput& round, int rows, ComputeOps* ops, float* x);
+  // Hyper-connections: x = the weighted sum of the streams that `w` (the
+  // next sub-block's, or the head's) gives, and (not the head) the next
+  // HyperPost's coefficients.
+  void HyperPre(const HyperWeights& w, bool head, const float* streams, int rows, ComputeOps* ops,
+                float* x, float* coeffs);
   // The round's hidden states (want_hidden) from x into out->hidden.
   void Hidden(const RoundInput& round, const float* x, int rows, ComputeOps* ops, RoundOutput* out);
 
@@ -112,7 +117,8 @@ class DeepseekGraph final : public ModelGraph {
   // Per round, the DSA selection of the last full layer: [rows][topk]
   // positions and each row's count (0: dense).
   std::vector<int32_t> selected_, selected_count_;
-  std::vector<float> zeros_;  // [hidden], the masked embedding
+  std::vector<float> zeros_;    // [hidden], the masked embedding
+  std::vector<float> hc_ones_;  // [hc_mult * hidden]: the streams' RMS norm has no weight
 };
 
 }  // namespace ringlane::worker

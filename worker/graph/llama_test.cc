@@ -136,6 +136,20 @@ class CountingOps final : public ComputeOps {
     ++calls["Add"];
     real_.Add(x, y, n);
   }
+  void HyperExpand(const float* x, int mult, int64_t dim, int rows, float* streams) override {
+    ++calls["HyperExpand"];
+    real_.HyperExpand(x, mult, dim, rows, streams);
+  }
+  void HyperPre(const HyperArgs& a, const float* streams, const float* mixes, int64_t ld_mixes,
+                int rows, float* y, float* coeffs) override {
+    ++calls["HyperPre"];
+    real_.HyperPre(a, streams, mixes, ld_mixes, rows, y, coeffs);
+  }
+  void HyperPost(const float* o, const float* coeffs, int mult, int64_t dim, int rows,
+                 float* streams) override {
+    ++calls["HyperPost"];
+    real_.HyperPost(o, coeffs, mult, dim, rows, streams);
+  }
   void Upload(const float* host, int64_t n, float* dst) override {
     ++calls["Upload"];
     real_.Upload(host, n, dst);

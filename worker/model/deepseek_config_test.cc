@@ -275,6 +275,27 @@ Json Glm5NextConfig() {
   return j;
 }
 
+TEST(DeepseekConfigTest, Glm5NextHyperConnectionsAreRead) {
+  Json j = Glm5NextConfig();
+  j["hc_mult"] = 4;
+  j["hc_sinkhorn_iters"] = 7;
+  j["hc_eps"] = 1e-5;
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(j.dump(), "glm5_next/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const HyperConfig& h = hf->config.hyper;
+  EXPECT_TRUE(h.enabled());
+  EXPECT_EQ(h.mult, 4);
+  EXPECT_EQ(h.sinkhorn_iters, 7);
+  EXPECT_EQ(h.eps, 1e-5f);
+  EXPECT_EQ(h.mix_dim(), 24);
+  j.erase("hc_sinkhorn_iters");
+  j.erase("hc_eps");
+  hf = ParseHfConfig(j.dump(), "glm5_next/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ(hf->config.hyper.sinkhorn_iters, 20);
+  EXPECT_EQ(hf->config.hyper.eps, 1e-6f);
+}
+
 TEST(DeepseekConfigTest, Glm5NextLayersAndStateAreRead) {
   absl::StatusOr<HfConfig> hf = ParseHfConfig(Glm5NextConfig().dump(), "glm5_next/config.json");
   ASSERT_TRUE(hf.ok()) << hf.status();
@@ -286,6 +307,7 @@ TEST(DeepseekConfigTest, Glm5NextLayersAndStateAreRead) {
   EXPECT_TRUE(c.linear.has_lower_bound);
   EXPECT_EQ(c.linear.lower_bound, -5.0f);
   EXPECT_EQ(c.moe.swiglu_limit, 0.0f);
+  EXPECT_FALSE(c.hyper.enabled());
   int linear = 0;
   for (int l = 0; l < c.layers; ++l) linear += c.linear.Linear(l);
   EXPECT_EQ(linear, 34);
@@ -316,7 +338,10 @@ TEST(DeepseekConfigTest, BadGlm5NextConfigsNameTheField) {
       {"linear_head_dim", 0, absl::StatusCode::kInvalidArgument, "linear_head_dim"},
       {"linear_conv_kernel_dim", 0, absl::StatusCode::kInvalidArgument, "linear_conv_kernel_dim"},
       {"linear_lower_bound", 2.0, absl::StatusCode::kInvalidArgument, "linear_lower_bound"},
-      {"hc_mult", 4, absl::StatusCode::kUnimplemented, "hc_mult"},
+      {"hc_mult", 0, absl::StatusCode::kInvalidArgument, "hc_mult"},
+      {"hc_mult", 17, absl::StatusCode::kInvalidArgument, "hc_mult"},
+      {"hc_sinkhorn_iters", 0, absl::StatusCode::kInvalidArgument, "hc_sinkhorn_iters"},
+      {"hc_eps", -1e-6, absl::StatusCode::kInvalidArgument, "hc_eps"},
       {"index_kpool", true, absl::StatusCode::kUnimplemented, "index_kpool"},
       {"swiglu_limit", -7.0, absl::StatusCode::kInvalidArgument, "swiglu_limit"},
       {"indexer_types", Json::array({"full"}), absl::StatusCode::kUnimplemented, "indexer_types"},

@@ -222,14 +222,29 @@ absl::Status ParseIndexerSharing(const Json& j, absl::string_view path, int laye
 // glm5_next's linear-attention layers (LinearAttentionConfig), and the
 // refusal of the parts of GLM-5.3-Flash not run yet.
 absl::Status ParseLinearAttention(const Json& j, absl::string_view path, ModelConfig* c) {
-  // Not run yet: refused rather than silently computed without.
+  HyperConfig& hc = c->hyper;
   if (Present(j, "hc_mult")) {
-    int hc = 1;
-    if (absl::Status s = GetInt(j, "hc_mult", path, &hc); !s.ok()) return s;
-    if (hc != 1) {
-      return Unsupported(path, "hc_mult", "other than 1 (hyper-connections) is not supported yet");
+    if (absl::Status s = GetInt(j, "hc_mult", path, &hc.mult); !s.ok()) return s;
+    if (hc.mult < 1 || hc.mult > 16) {
+      return Invalid(path, "hc_mult", absl::StrCat("must be in [1, 16], got ", hc.mult));
     }
   }
+  if (Present(j, "hc_sinkhorn_iters")) {
+    if (absl::Status s = GetInt(j, "hc_sinkhorn_iters", path, &hc.sinkhorn_iters); !s.ok()) {
+      return s;
+    }
+    if (hc.sinkhorn_iters < 1 || hc.sinkhorn_iters > 1000) {
+      return Invalid(path, "hc_sinkhorn_iters",
+                     absl::StrCat("must be in [1, 1000], got ", hc.sinkhorn_iters));
+    }
+  }
+  if (Present(j, "hc_eps")) {
+    if (absl::Status s = GetFloat(j, "hc_eps", path, &hc.eps); !s.ok()) return s;
+    if (!(hc.eps > 0.0f) || !std::isfinite(hc.eps)) {
+      return Invalid(path, "hc_eps", absl::StrCat("must be a positive number, got ", hc.eps));
+    }
+  }
+  // Not run yet: refused rather than silently computed without.
   for (const char* key :
        {"index_kpool", "indexer_types", "index_topk_pattern", "index_topk_freq"}) {
     if (Present(j, key) && !(j[key].is_boolean() && !j[key].get<bool>())) {

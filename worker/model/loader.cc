@@ -532,6 +532,16 @@ absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWe
     vecs.push_back({a + "indexer.k_norm.weight", x.head_dim, &L->indexer.k_norm});
     vecs.push_back({a + "indexer.k_norm.bias", x.head_dim, &L->indexer.k_norm_bias});
   }
+  // Hyper-connections of the model's layers (an MTP layer's are not read:
+  // such a model has no MTP drafter).
+  if (c.hyper.enabled() && i < c.layers) {
+    const int64_t mix = c.hyper.mix_dim(), width = int64_t{c.hyper.mult} * D;
+    for (auto [name, h] : {std::pair{"hc_attn_", &L->hc_attn}, {"hc_ffn_", &L->hc_ffn}}) {
+      mats.push_back({p + name + "fn", mix, width, &h->fn});
+      vecs.push_back({p + name + "base", mix, &h->base});
+      vecs.push_back({p + name + "scale", 3, &h->scale});
+    }
+  }
   const MoeConfig& e = c.moe;
   L->sparse = e.n_routed > 0 && e.sparse_layer[i];
   auto mlp = [&](const std::string& q, int64_t inter, GatedMlpWeights* g) {
@@ -655,6 +665,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadHfDirectory(const std::string&
   }
   if (absl::Status s = l.GetVector("model.norm.weight", c.hidden, &w->final_norm); !s.ok()) {
     return s;
+  }
+  // DeepSeek-V4 weighs the streams for the head; GLM-5.3-Flash's checkpoints
+  // have no hc_head tensors and take their mean.
+  if (c.hyper.enabled() && src->Has("model.hc_head_fn")) {
+    const int64_t n = c.hyper.mult;
+    std::vector<NamedMatrix> mats{{"model.hc_head_fn", n, n * c.hidden, &w->hc_head.fn}};
+    std::vector<NamedVector> vecs{{"model.hc_head_base", n, &w->hc_head.base},
+                                  {"model.hc_head_scale", 1, &w->hc_head.scale}};
+    if (absl::Status s = LoadAll(l, mats, vecs); !s.ok()) return s;
   }
   if (c.tie_embeddings) {
     w->lm_head = w->embed;

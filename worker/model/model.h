@@ -113,6 +113,21 @@ struct LinearAttentionConfig {
   }
 };
 
+// Manifold-constrained hyper-connections (mHC; GLM-5.3-Flash, DeepSeek-V4):
+// the residual stream is `mult` streams of the hidden size. Before each
+// sub-block (mixer, feed-forward part) the streams' RMS-normed concatenation
+// is projected to `(2 + mult) * mult` mixes: weights that sum the streams
+// into the sub-block's input, weights for its output per stream, and a
+// stream-mixing matrix made doubly stochastic by `sinkhorn_iters` Sinkhorn
+// normalisations; the head sums the streams by a last projection.
+struct HyperConfig {
+  int mult = 1;  // hc_mult; 1: a plain residual (no hc tensors)
+  int sinkhorn_iters = 20;
+  float eps = 1e-6f;
+  bool enabled() const { return mult > 1; }
+  int mix_dim() const { return (2 + mult) * mult; }
+};
+
 struct ModelConfig {
   std::string model_type = "llama";
   int hidden = 0;        // model dimension
@@ -143,6 +158,7 @@ struct ModelConfig {
   IndexerConfig indexer;
   // glm5_next: which layers are linear attention, and its shape.
   LinearAttentionConfig linear;
+  HyperConfig hyper;  // glm5_next's hc_mult, hc_sinkhorn_iters, hc_eps
   // num_nextn_predict_layers: MTP layers the checkpoint carries after its
   // layers (the first is loaded, ModelWeights::mtp), and whether that layer's
   // feed-forward part is MoE.
@@ -279,6 +295,14 @@ struct MoeWeights {
 // sub-structs named for their kind, so a family with other kinds (experts,
 // latent attention, a recurrent mixer) adds its own beside these and its graph
 // reads only the parts its layers have; the Llama graph reads `attn` and `mlp`.
+// One hyper-connection (HyperConfig) in DeepSeek-V4's names: hc_*_fn,
+// hc_*_base, hc_*_scale. Whole on every rank (a TP shard does not split it).
+struct HyperWeights {
+  Matrix fn;                 // [mix_dim, mult * hidden] (the head's: [mult, ...])
+  std::vector<float> base;   // [mix_dim] (the head's: [mult])
+  std::vector<float> scale;  // [3]: pre, post, comb (the head's: [1])
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   std::vector<float> ffn_norm;   // [hidden]
@@ -287,8 +311,9 @@ struct LayerWeights {
   MlaWeights mla;
   IndexerWeights indexer;
   MoeWeights moe;
-  KdaWeights kda;       // a linear-attention layer's mixer (LinearAttentionConfig)
-  bool sparse = false;  // the feed-forward part is `moe`, not `mlp`
+  KdaWeights kda;                // a linear-attention layer's mixer (LinearAttentionConfig)
+  HyperWeights hc_attn, hc_ffn;  // around the mixer and the feed-forward part (HyperConfig)
+  bool sparse = false;           // the feed-forward part is `moe`, not `mlp`
 };
 
 // What a layer keeps for each sequence between rounds. The values are those of
@@ -384,6 +409,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
   Matrix lm_head;                 // [vocab, hidden]; the embedding when tied
+  // The streams' weighted sum before final_norm (HyperConfig); absent (fn
+  // without data) in GLM-5.3-Flash's checkpoints: their mean.
+  HyperWeights hc_head;
   // Where the weights came from, for logs and errors.
   std::string source;
   // Owners of the memory the matrices point into.

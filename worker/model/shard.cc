@@ -87,6 +87,7 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
   s->embed = full->embed.Rows(t.vocab0, t.vocab);
   s->lm_head = full->lm_head.Rows(t.vocab0, t.vocab);
   s->final_norm = full->final_norm;
+  s->hc_head = full->hc_head;
   // Megatron's column-then-row split of a gated MLP over [i0, i0 + n).
   auto mlp = [](const GatedMlpWeights& g, int i0, int n) {
     GatedMlpWeights o;
@@ -112,6 +113,10 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> ShardModel(
     o.attn_norm = l.attn_norm;
     o.ffn_norm = l.ffn_norm;
     o.sparse = l.sparse;
+    // Every rank keeps the whole residual streams: the hyper-connections are
+    // computed whole on each (small beside the sub-blocks they surround).
+    o.hc_attn = l.hc_attn;
+    o.hc_ffn = l.hc_ffn;
     if (c.linear.Linear(static_cast<int>(layer))) {
       const KdaWeights& k = l.kda;
       KdaWeights& q = o.kda;
@@ -194,6 +199,7 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> FirstLayers(
   d->embed = full->embed;
   d->layers.assign(full->layers.begin(), full->layers.begin() + layers);
   d->final_norm = full->final_norm;
+  d->hc_head = full->hc_head;
   d->lm_head = full->lm_head;
   d->source = absl::StrCat(full->source, " (first ", layers, " layers)");
   d->keep_alive = std::move(full);
@@ -208,6 +214,12 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MtpDrafter(
   }
   if (full->shard.world > 1) {
     return absl::InvalidArgumentError("an MTP drafter is cut from the whole model, not a shard");
+  }
+  if (full->config.hyper.enabled()) {
+    // What its hidden-state input is for a model whose residual is several
+    // streams is not settled here; refused rather than guessed.
+    return absl::UnimplementedError(
+        "an MTP drafter of a model with hyper-connections (hc_mult > 1) is not supported yet");
   }
   auto d = std::make_shared<ModelWeights>();
   d->config = full->config;

@@ -202,6 +202,11 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     j["linear_conv_kernel_dim"] = c.linear.conv_kernel;
     if (c.linear.has_lower_bound) j["linear_lower_bound"] = c.linear.lower_bound;
     if (c.moe.swiglu_limit > 0.0f) j["swiglu_limit"] = c.moe.swiglu_limit;
+    if (c.hyper.enabled()) {
+      j["hc_mult"] = c.hyper.mult;
+      j["hc_sinkhorn_iters"] = c.hyper.sinkhorn_iters;
+      j["hc_eps"] = c.hyper.eps;
+    }
   }
   if (c.indexer.topk > 0) {
     j["index_topk"] = c.indexer.topk;
@@ -276,6 +281,16 @@ void AddDeepseekLayer(const ModelConfig& c, const SyntheticModelOptions& o, int 
   const int64_t H = c.hidden, heads = c.heads;
   const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   add_vector(p + "input_layernorm.weight", Kind::kNorm, H);
+  if (c.hyper.enabled() && l < c.layers) {
+    // F32, as DeepSeek-V4 keeps them; mixes of unit scale (the streams are
+    // RMS-normed), scales near 1 and small positive bases.
+    for (const char* hc : {"hc_attn_", "hc_ffn_"}) {
+      add_shaped(p + hc + "fn", Kind::kLinear, c.hyper.mix_dim(), c.hyper.mult * H,
+                 std::vector<int64_t>{c.hyper.mix_dim(), c.hyper.mult * H});
+      add_vector(p + hc + "base", Kind::kBias, c.hyper.mix_dim());
+      add_vector(p + hc + "scale", Kind::kNorm, 3);
+    }
+  }
   const std::string a = p + "self_attn.";
   if (c.linear.Linear(l)) {
     AddKdaMixer(c, a, dtype, add_matrix, add_vector, add_shaped);
@@ -468,6 +483,12 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
       c.linear.has_lower_bound = o.linear_lower_bound < 0.0f;
       c.linear.lower_bound = o.linear_lower_bound;
       c.moe.swiglu_limit = o.swiglu_limit;
+      if (o.hc_mult < 1 || o.hc_mult > 16 || o.hc_sinkhorn_iters < 1) {
+        return absl::InvalidArgumentError(
+            "synthetic model: hc_mult must be in [1, 16] and hc_sinkhorn_iters at least 1");
+      }
+      c.hyper.mult = o.hc_mult;
+      c.hyper.sinkhorn_iters = o.hc_sinkhorn_iters;
     }
     if (o.family != "deepseek_v3") {
       c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim,
@@ -547,6 +568,12 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
     add_matrix(p + "mlp.down_proj.weight", out, H, I, o.dtype);
   }
   add_norm("model.norm.weight");
+  if (c.hyper.enabled() && o.hc_head) {
+    add_shaped("model.hc_head_fn", Kind::kLinear, c.hyper.mult, c.hyper.mult * H,
+               std::vector<int64_t>{c.hyper.mult, c.hyper.mult * H});
+    add_vector("model.hc_head_base", Kind::kBias, c.hyper.mult);
+    add_vector("model.hc_head_scale", Kind::kNorm, 1);
+  }
   if (!c.tie_embeddings) add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);
   // Last, as the published checkpoints keep the MTP layer in their last shards.
   // shared_head.head is written even with tied embeddings: DeepSeek-V3 stores

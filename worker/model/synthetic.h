@@ -92,6 +92,13 @@ struct SyntheticModelOptions {
   float linear_lower_bound = 0.0f;
   // glm5_next: > 0 writes swiglu_limit (the MoE experts' clamped SwiGLU).
   float swiglu_limit = 0.0f;
+  // glm5_next: > 1 writes hc_mult, hc_sinkhorn_iters, hc_eps and the
+  // hyper-connection tensors (HyperConfig).
+  int hc_mult = 1;
+  int hc_sinkhorn_iters = 20;
+  // Also DeepSeek-V4's model.hc_head_* (learned head weights); without,
+  // GLM-5.3-Flash's layout (the head takes the streams' mean).
+  bool hc_head = false;
 };
 
 // Named shapes: "tiny" (the defaults above), "1b1" (TinyLlama 1.1B's shape:

@@ -83,6 +83,11 @@ class CpuOps final : public ComputeOps {
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t cols,
                float limit = 0.0f) override;
   void Add(float* x, const float* y, int64_t n) override;
+  void HyperExpand(const float* x, int mult, int64_t dim, int rows, float* streams) override;
+  void HyperPre(const HyperArgs& a, const float* streams, const float* mixes, int64_t ld_mixes,
+                int rows, float* y, float* coeffs) override;
+  void HyperPost(const float* o, const float* coeffs, int mult, int64_t dim, int rows,
+                 float* streams) override;
   int context_parallel() const override { return dcp_world_; }
   int context_rank() const override { return dcp_rank_; }
   void TransposeBlocks(const float* in, int64_t a, int64_t b, int64_t c, float* out) override;

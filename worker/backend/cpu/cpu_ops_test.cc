@@ -92,5 +92,91 @@ TEST(CpuOps, WithoutAGroupCollectivesAreTheIdentity) {
   EXPECT_EQ(out, data);
 }
 
+// Hyper-connections, against the same steps written out here: the stream
+// weights and sum, the output weights, a mixing matrix whose columns sum to 1
+// (the last Sinkhorn step) and whose rows nearly do, and the new streams.
+TEST(CpuOps, HyperConnectionsSplitMixAndSum) {
+  ThreadPool pool(1);
+  CpuOps ops(&pool, Isa::kScalar, nullptr);
+  const int n = 3, rows = 2;
+  const int64_t dim = 4, mix = (2 + n) * n;
+  const std::vector<float> streams = Ramp(rows * n * dim, 0.37f);
+  const std::vector<float> mixes = Ramp(rows * mix, 0.91f);
+  const std::vector<float> scale = {1.2f, 0.8f, 1.1f};
+  const std::vector<float> base = Ramp(mix, 0.23f);
+  HyperArgs a;
+  a.mult = n;
+  a.dim = dim;
+  a.sinkhorn_iters = 20;
+  a.eps = 1e-6f;
+  a.scale = scale;
+  a.base = base;
+  std::vector<float> y(rows * dim), coeffs(rows * (n + n * n));
+  ops.HyperPre(a, streams.data(), mixes.data(), mix, rows, y.data(), coeffs.data());
+  auto sigmoid = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+  for (int t = 0; t < rows; ++t) {
+    const float* m = mixes.data() + t * mix;
+    const float* c = coeffs.data() + t * (n + n * n);
+    for (int64_t d = 0; d < dim; ++d) {
+      double want = 0.0;
+      for (int h = 0; h < n; ++h) {
+        want += (sigmoid(m[h] * 1.2 + base[h]) + 1e-6) * streams[(t * n + h) * dim + d];
+      }
+      EXPECT_NEAR(y[t * dim + d], want, 1e-5);
+    }
+    for (int h = 0; h < n; ++h) {
+      EXPECT_NEAR(c[h], 2.0 * sigmoid(m[n + h] * 0.8 + base[n + h]), 1e-6);
+    }
+    for (int b = 0; b < n; ++b) {
+      double col = 0.0, row = 0.0;
+      for (int r = 0; r < n; ++r) {
+        EXPECT_GT(c[n + r * n + b], 0.0f);
+        col += c[n + r * n + b];
+        row += c[n + b * n + r];
+      }
+      EXPECT_NEAR(col, 1.0, 1e-5);
+      EXPECT_NEAR(row, 1.0, 1e-3);
+    }
+  }
+  // The head's sum writes no coefficients.
+  std::vector<float> untouched(coeffs.size(), -7.0f);
+  a.head = true;
+  ops.HyperPre(a, streams.data(), mixes.data(), mix, rows, y.data(), untouched.data());
+  for (float v : untouched) EXPECT_EQ(v, -7.0f);
+  // GLM-5.3-Flash's head: the streams' plain mean, no mixes read.
+  a.mean = true;
+  ops.HyperPre(a, streams.data(), nullptr, 0, rows, y.data(), untouched.data());
+  for (int t = 0; t < rows; ++t) {
+    for (int64_t d = 0; d < dim; ++d) {
+      double want = 0.0;
+      for (int h = 0; h < n; ++h) want += streams[(t * n + h) * dim + d];
+      EXPECT_NEAR(y[t * dim + d], want / n, 1e-6);
+    }
+  }
+  for (float v : untouched) EXPECT_EQ(v, -7.0f);
+
+  const std::vector<float> o = Ramp(rows * dim, 0.59f);
+  std::vector<float> next = streams;
+  ops.HyperPost(o.data(), coeffs.data(), n, dim, rows, next.data());
+  for (int t = 0; t < rows; ++t) {
+    const float* c = coeffs.data() + t * (n + n * n);
+    for (int b = 0; b < n; ++b) {
+      for (int64_t d = 0; d < dim; ++d) {
+        double want = double{c[b]} * o[t * dim + d];
+        for (int r = 0; r < n; ++r)
+          want += double{c[n + r * n + b]} * streams[(t * n + r) * dim + d];
+        EXPECT_NEAR(next[(t * n + b) * dim + d], want, 1e-5);
+      }
+    }
+  }
+  std::vector<float> expanded(rows * n * dim);
+  ops.HyperExpand(o.data(), n, dim, rows, expanded.data());
+  for (int t = 0; t < rows; ++t) {
+    for (int h = 0; h < n; ++h) {
+      for (int64_t d = 0; d < dim; ++d) EXPECT_EQ(expanded[(t * n + h) * dim + d], o[t * dim + d]);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker::cpu
