@@ -145,7 +145,8 @@ struct DeepseekCase {
   std::string indexer_types;
   // glm5_next: the KDA gate's lower bound (0: the softplus gate).
   float linear_lower_bound = 0.0f;
-  int hc_mult = 1;  // glm5_next: hyper-connections' residual streams
+  int hc_mult = 1;      // glm5_next: hyper-connections' residual streams
+  int index_kpool = 1;  // glm5_next: the pooled indexer
 };
 
 class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
@@ -166,6 +167,7 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
   o->indexer_types = c.indexer_types;
   o->linear_lower_bound = c.linear_lower_bound;
   o->hc_mult = c.hc_mult;
+  o->index_kpool = c.index_kpool;
   // State slots for glm5_next's recurrent layers; other models have none.
   auto backend = testing::MakeSyntheticBackend(*o, {128, 16, c.kv, 8}, {.threads = 2},
                                                [&](worker::ModelConfig& config) {
@@ -202,7 +204,11 @@ INSTANTIATE_TEST_SUITE_P(
                      worker::DType::kFP8E4M3, 0, "", -5.0f},
         // Four residual streams (manifold-constrained hyper-connections).
         DeepseekCase{"glm5_next_hyper_connections", "glm5-next-tiny", worker::DType::kBF16,
-                     worker::DType::kBF16, 12, "", 0.0f, 4}),
+                     worker::DType::kBF16, 12, "", 0.0f, 4},
+        // The pooled indexer (pools of 2 positions, their gate scores in the
+        // FP8 latent rows) past its window.
+        DeepseekCase{"glm5_next_pooled_indexer_fp8_kv", "glm5-next-tiny", worker::DType::kBF16,
+                     worker::DType::kFP8E4M3, 12, "", 0.0f, 1, 2}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -60,6 +60,9 @@ ABSL_FLAG(double, linear_lower_bound, 0.0,
           "glm5_next: < 0 writes linear_lower_bound (the bounded sigmoid gate); 0 = the softplus "
           "gate");
 
+ABSL_FLAG(int, index_kpool, 1,
+          "glm5_next: > 1 writes the pooled indexer (index_kpool and its compress gate and ape "
+          "tensors); it must divide the indexer's topk");
 ABSL_FLAG(int, hc_mult, 1,
           "glm5_next: > 1 writes manifold-constrained hyper-connections of that many residual "
           "streams (hc_mult and the hc_* tensors)");
@@ -144,6 +147,8 @@ int main(int argc, char** argv) {
   take_int(FLAGS_linear_conv_kernel, "linear_conv_kernel", &o.linear_conv_kernel);
   o.linear_lower_bound = static_cast<float>(absl::GetFlag(FLAGS_linear_lower_bound));
   if (!(o.linear_lower_bound <= 0.0f)) ExitWithUsageError("--linear_lower_bound must be <= 0");
+  o.index_kpool = absl::GetFlag(FLAGS_index_kpool);
+  if (o.index_kpool < 1) ExitWithUsageError("--index_kpool must be at least 1");
   o.hc_mult = absl::GetFlag(FLAGS_hc_mult);
   o.hc_sinkhorn_iters = absl::GetFlag(FLAGS_hc_sinkhorn_iters);
   o.hc_head = absl::GetFlag(FLAGS_hc_head);

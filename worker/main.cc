@@ -364,6 +364,12 @@ int main(int argc, char** argv) {
                   << cfg.model_type << " keeps per-head K/V (tensor parallelism splits its heads)";
     return 1;
   }
+  if (dcp && cfg.indexer.Pooled()) {
+    // A pool's positions would sit on different ranks.
+    RL_LOG(ERROR) << "--decode_context_parallel with the pooled indexer (index_kpool "
+                  << cfg.indexer.kpool << ") is not supported";
+    return 1;
+  }
   // A block id of the router's covers block_tokens positions: block_size of
   // them on each rank under context parallel.
   const int block_tokens = block_size * (dcp ? world : 1);

@@ -88,6 +88,13 @@ CASES = {
     # weights (hc_head), one token a round.
     "glm5_next_hyper_decode_steps": (["--preset=glm5-next-tiny", "--hc_mult=2",
                                       "--hc_sinkhorn_iters=3", "--hc_head", "--seed=61"], 80, 1),
+    # The pooled indexer (index_kpool 4 of index_topk 16: four pools and the
+    # tail) past a window of 40, prefill chunks of 48, with four streams.
+    "glm5_next_pooled_indexer": (["--preset=glm5-next-tiny", "--index_kpool=4", "--hc_mult=4",
+                                  "--seed=67"], 200, 48, 40),
+    # Pools of 2, one token a round past a window of 30.
+    "glm5_next_pooled_decode_steps": (["--preset=glm5-next-tiny", "--index_kpool=2",
+                                       "--seed=71"], 100, 1, 30),
 }
 
 # Cases whose model is less well conditioned than TOLERANCE assumes, with the
@@ -96,7 +103,9 @@ CASES = {
 # when every weight is scaled by 1 + 6e-8 * N(0, 1) (float32's rounding), and
 # the engine's error peaks at the same positions (5.7e-6 at 58, 2e-7 to 5e-7
 # elsewhere).
-CASE_TOLERANCE = {"glm5_next_hyper_decode_steps": 8e-6}
+# glm5_next_pooled_decode_steps likewise: 2.2e-6 at position 64 under the same noise, the
+# engine's error 3.05e-6 there (below 1e-6 elsewhere).
+CASE_TOLERANCE = {"glm5_next_hyper_decode_steps": 8e-6, "glm5_next_pooled_decode_steps": 5e-6}
 
 
 # MTP layers (DeepSeek-V3 / GLM-5 num_nextn_predict_layers): the MTP layer's
@@ -115,6 +124,9 @@ MTP_CASES = {
     # glm5_next: the MTP layer is MLA, fed the hybrid's hidden states.
     "mtp_glm5_next": (["--preset=glm5-next-tiny", "--mtp_layers=1", "--seed=47"], 100, 32,
                       [1, 9, 100], 4, 40),
+    # ... with the pooled indexer, the MTP layer's own pools past the window.
+    "mtp_glm5_next_pooled": (["--preset=glm5-next-tiny", "--mtp_layers=1", "--index_kpool=4",
+                              "--seed=73"], 100, 32, [1, 9, 100], 4, 40),
 }
 
 

@@ -27,6 +27,13 @@ output back into every stream, which are also mixed by a Sinkhorn-normalised n x
 the head collapses the streams into one before model.norm. The weights of all three are
 computed per position from the streams themselves (hc_mix, hc_head). The main model's logits
 work with n > 1; its MTP layer (--mtp_out, --mtp_draft) is refused.
+
+config.json's index_kpool P > 1 (GLM-5.3-Flash) pools the DSA indexer's keys: positions
+jP..jP+P-1 form pool j, whose key is a per-dimension softmax-weighted sum of its positions'
+keys (weights from index_kpool_compress_gate and index_kpool_compress_ape). Past the dense
+window a query attends to the index_topk / P complete pools with the best pooled scores,
+whole, plus the positions after its last complete pool (the tail). --dump_topk lists those
+positions as it does the unpooled selection.
 """
 
 import json
@@ -241,6 +248,40 @@ def hc_head(x, fn, base, scale, eps, rms_eps):
     return hc_collapse(x, weights)
 
 
+# ---------------------------------------------------------------- pooled indexer keys (index_kpool)
+
+
+def kpool_keys(keys, gate, ape):
+    """The pooled indexer keys [T // P, I] of the complete pools among T positions.
+
+    keys [T, I] are the indexer's keys k_t (wk, k_norm, RoPE: the unpooled indexer's), gate
+    [T, I] the gate logits g_t, ape [P, I] one bias per offset in a pool. Pool j covers positions
+    jP..jP+P-1 and its key is, per dimension d,
+        pk_j[d] = sum_m a_{j,m}[d] k_{jP+m}[d],   a_{j,.}[d] = softmax over m of (g_{jP+m}[d] + ape[m][d]),
+    a convex combination of the pool's keys weighed separately in every dimension. Positions
+    after the last complete pool belong to no pool."""
+    pool, dim = ape.shape
+    pools = keys.shape[0] // pool
+    span = pools * pool
+    weights = torch.softmax(gate[:span].view(pools, pool, dim) + ape, dim=1)  # over the offset m
+    return (weights * keys[:span].view(pools, pool, dim)).sum(1)
+
+
+def kpool_positions(pool_scores, position, pool, topk):
+    """The key positions, ascending, that query `position` attends to when the pooled indexer
+    selects for it. Its complete pools are j = 0..C-1 with C = (position + 1) // pool (pool j's
+    last position jP+P-1 is at most `position`); pool_scores holds at least C scores, and those
+    of later pools (not complete yet, so holding future positions) are ignored. The topk / pool
+    best complete pools (equal scores: the lower pool, as top_keys) give all P of their
+    positions, and the tail C*P..position, the 0 to P-1 positions in no complete pool, is
+    always attended: at most topk + pool - 1 positions. A query that completes a pool has no
+    tail, so it sees itself only when its own pool is chosen."""
+    complete = (position + 1) // pool
+    chosen = ds.top_keys(pool_scores[:complete], topk // pool)
+    members = (chosen[:, None] * pool + torch.arange(pool)).flatten()
+    return torch.cat((members, torch.arange(complete * pool, position + 1)))
+
+
 # ---------------------------------------------------------------- config
 
 
@@ -300,15 +341,48 @@ def parse_hyper_connections(raw):
     return n, iters, float(eps)
 
 
-def _reject_unsupported(raw):
-    kpool = raw.get("index_kpool")
-    if kpool not in (None, 0, 1, False):
-        raise SystemExit(f"glm5_next: index_kpool {kpool!r} (pooled indexer keys) is not implemented")
+# index_kpool's accepted range: a pool is a few consecutive positions; a larger value is far
+# more likely a mistyped config than a model, so it is refused rather than trusted.
+INDEX_KPOOL_MAX = 64
+
+# With index_kpool > 1 these must be true (absent or null counts as true): the published model
+# only defines pools that are compressed by the gate and ape and a tail that is always attended.
+INDEX_KPOOL_REQUIRED_TRUE = ("index_kpool_always_select_tail", "index_kpool_compress")
+
+
+def parse_index_kpool(raw):
+    """The indexer's pool length P from config.json's index_kpool: 1 (no pooling, the plain
+    indexer) for absent, null, 0, 1 or false; otherwise an integer in [2, 64] dividing
+    index_topk (the indexer then picks index_topk / P whole pools). A bool true, a float or
+    another non-integer is refused, as are the required-true keys set to anything but true.
+    With P = 1 those keys are not looked at (that model never uses them)."""
+    pool = raw.get("index_kpool")
+    if pool is None or pool is False or (_is_int(pool) and pool in (0, 1)):
+        return 1
+    if not _is_int(pool) or not 1 < pool <= INDEX_KPOOL_MAX:
+        raise SystemExit(
+            f"glm5_next: index_kpool {pool!r} must be an integer from 2 to {INDEX_KPOOL_MAX} (the pool "
+            "length of the indexer's pooled keys), or absent/null/0/1/false for no pooling"
+        )
+    topk = raw.get("index_topk") or 0  # no indexer: nothing to pool, any P divides 0
+    if topk % pool:
+        raise SystemExit(
+            f"glm5_next: index_kpool {pool} does not divide index_topk {topk}: the pooled indexer "
+            "selects index_topk / index_kpool whole pools"
+        )
+    for key in INDEX_KPOOL_REQUIRED_TRUE:
+        value = raw.get(key)
+        if value is not None and value is not True:
+            raise SystemExit(
+                f"glm5_next: {key} {value!r} with index_kpool {pool}: only true (or absent) is "
+                "implemented, the form the published model defines"
+            )
+    return pool
 
 
 class Config(ds.Config):
     """glm_moe_dsa's config (parsed by deepseek_reference.Config with GLM-5's defaults) plus
-    layer_types and the KDA keys."""
+    layer_types, the KDA keys, swiglu_limit, the hyper-connection keys and index_kpool."""
 
     def __init__(self, raw):
         if raw.get("model_type") != MODEL_TYPE:
@@ -316,7 +390,8 @@ class Config(ds.Config):
                 f"model_type {raw.get('model_type')!r}: glm5_next_reference.py reads glm5_next "
                 "(deepseek_reference.py reads deepseek_v3, deepseek_v32 and glm_moe_dsa)"
             )
-        _reject_unsupported(raw)
+        # Pooled indexer keys: P positions per pool; 1 is the plain indexer.
+        self.index_kpool = parse_index_kpool(raw)
         layers = raw["num_hidden_layers"]
         types = raw.get("layer_types")
         if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
@@ -487,6 +562,86 @@ class Reference(ds.Reference):
         if self.config.hc_mult > 1:
             self._mtp_prefix()
         return super().mtp_draft_steps(tokens, next_token, k)
+
+    # ------------------------------------------------------------ pooled indexer (index_kpool)
+
+    def kpool_weights(self, layer):
+        """The pooling tensors of a layer's indexer (the MTP layer's included) as float64:
+        index_kpool_compress_gate [I, hidden], which maps the indexer's input x (what wk reads)
+        to the gate logits g = gate @ x, and index_kpool_compress_ape [P, I]. A wrong shape is
+        refused by name: a transposed gate or ape would otherwise broadcast or mis-index."""
+        config = self.config
+        prefix = f"model.layers.{layer}.self_attn.indexer."
+        expected = {
+            "index_kpool_compress_gate": [config.index_head_dim, config.hidden_size],
+            "index_kpool_compress_ape": [config.index_kpool, config.index_head_dim],
+        }
+        tensors = []
+        for name, shape in expected.items():
+            value = self._weight(prefix + name)
+            if list(value.shape) != shape:
+                raise SystemExit(
+                    f"{prefix}{name}: shape {list(value.shape)}, expected {shape} "
+                    f"(index_kpool {config.index_kpool}, index_head_dim {config.index_head_dim})"
+                )
+            tensors.append(value)
+        return tensors
+
+    def kpool_indexer_scores(self, layer, x, q_latent, cos, sin, first):
+        """The pooled keys [T // P, I] of a layer's indexer over the whole sequence and the
+        pooled scores [T - first, T // P] of queries first..T-1 against them: the unpooled
+        indexer's score (deepseek_reference's _indexer_scores) with pool j's key in place of a
+        position's key,
+            score(s, j) = sum_h w_h(s) * n_heads^-0.5 * relu(q_h(s) . pk_j) * I^-0.5.
+        k_t, q_h(s) and w_h(s) are the unpooled indexer's: wk, LayerNorm k_norm and RoPE on the
+        first qk_rope_head_dim dims (rotating each position before pooling); wq_b of the q
+        latent, rotated the same way; weights_proj."""
+        config = self.config
+        prefix = f"model.layers.{layer}.self_attn.indexer."
+        heads, head_dim, rope = config.index_n_heads, config.index_head_dim, config.qk_rope_head_dim
+        interleave = config.indexer_rope_interleave
+        keys = ds.layer_norm(
+            self._linear(prefix + "wk", x),
+            self._weight(prefix + "k_norm.weight"),
+            self._weight(prefix + "k_norm.bias"),
+            ds.INDEXER_NORM_EPS,
+        )
+        keys = torch.cat((ds.apply_rope(keys[:, :rope], cos, sin, interleave), keys[:, rope:]), -1)
+        gate, ape = self.kpool_weights(layer)
+        pooled = kpool_keys(keys, x @ gate.T, ape)
+        q = self._linear(prefix + "wq_b", q_latent[first:]).view(-1, heads, head_dim)
+        q = torch.cat((ds.apply_rope(q[..., :rope], cos[first:], sin[first:], interleave), q[..., rope:]), -1)
+        head_weights = self._linear(prefix + "weights_proj", x[first:]) * heads**-0.5
+        out = torch.empty(q.shape[0], pooled.shape[0], dtype=torch.float64)
+        step = ds._row_block(heads, pooled.shape[0])
+        for start in range(0, q.shape[0], step):
+            stop = min(q.shape[0], start + step)
+            per_head = torch.einsum("shd,jd->shj", q[start:stop], pooled).clamp_min(0) * head_dim**-0.5
+            out[start:stop] = torch.einsum("shj,sh->sj", per_head, head_weights[start:stop])
+        return pooled, out
+
+    def _select(self, layer, x, q_latent, cos, sin, previous_selection):
+        """deepseek_reference's selection, and with index_kpool P > 1 the pooled one: a query s
+        with s + 1 <= dense_window attends to all its causal keys (and when the whole sequence
+        fits the window no indexer runs), a later one to kpool_positions of its pooled scores:
+        the index_topk / P best complete pools, whole, plus its tail."""
+        config = self.config
+        tokens = x.shape[0]
+        pool, topk = config.index_kpool, getattr(config, "index_topk", 0)
+        if pool == 1 or not config.has_indexer or tokens <= self.dense_window:
+            return super()._select(layer, x, q_latent, cos, sin, previous_selection)
+        if topk % pool:  # Config refuses this; a caller that changes index_topk afterwards is not
+            raise SystemExit(f"glm5_next: index_kpool {pool} does not divide index_topk {topk}")
+        first = self.dense_window  # first query position with more causal keys than the window
+        _, scores = self.kpool_indexer_scores(layer, x, q_latent, cos, sin, first)
+        allowed = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        dump = {}
+        for position in range(first, tokens):
+            chosen = kpool_positions(scores[position - first], position, pool, topk)
+            allowed[position] = False
+            allowed[position, chosen] = True
+            dump[position] = chosen.tolist()
+        return allowed, dump
 
     # ------------------------------------------------------------ mixers
 

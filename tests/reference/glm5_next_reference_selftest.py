@@ -4,15 +4,19 @@
 Writes tiny random glm5_next checkpoints with its own safetensors writer (F32; BF16 with
 linear_lower_bound and A_log stored as [1, 1, H, 1]; FP8 block-scaled linears over two shards
 with an MTP layer; F32 with qk_rope_head_dim 0; hyper-connections with hc_mult 4 (F32) and 2
-(BF16, two shards, an MTP layer)). Checks a hand-computed KDA step, a scalar
+(BF16, two shards, an MTP layer); pooled indexer keys with index_kpool 2 (F32) and 4 (FP8,
+NoPE, two shards, an MTP layer)). Checks a hand-computed KDA step, a scalar
 re-implementation of a whole KDA mixer (both gates), the causal conv convention, chunked ==
 recurrent, resuming from a (conv state, S) checkpoint, causality, that a wrong conv tap order
 or a missing L2 norm changes the logits, NoPE MLA and indexer, swiglu_limit's clamped SwiGLU
 (a hand-computed MoE layer; MoE layers and the MTP layer clamped, dense layers not; 1e9 ==
 no limit), hyper-connections (Sinkhorn sums, a hand-computed sub-block, the degenerate
 uniform case, layer and head wiring against plain Python with stub mixers, prefill ==
-position-by-position decode, hc tensors that move the logits, MTP refused), the config
-rules, and the command line (also through deepseek_reference.py).
+position-by-position decode, hc tensors that move the logits, MTP refused), index_kpool (a
+hand-computed pooled indexer against plain Python, the selection rule on given scores and on
+every selection the models make, prefill == decode, gate and ape entries that move the
+logits only past the dense window, the MTP layer's own tensors), the config rules, and the
+command line (also through deepseek_reference.py).
 Exits 0 when everything passes; the last line is 'N passed, M failed'.
 """
 
@@ -129,6 +133,27 @@ def hc2_mtp_config():
     )
 
 
+def kpool2_config():
+    """Pooled indexer keys, P = 2, on the f32 model (layers linear, full, linear, full; indexer
+    RoPE on 8 of its 16 dims): index_topk 4 picks 2 pools of the complete ones."""
+    return dict(BASE_CONFIG, index_kpool=2, index_topk=4)
+
+
+def kpool4_mtp_config():
+    """P = 4 (index_topk 4: one pool) with FP8 linears (the gate included), NoPE, an MTP layer
+    and the two required keys spelled out."""
+    return dict(
+        fp8_config(),
+        qk_rope_head_dim=0,
+        layer_types=["full_attention", "linear_attention", "full_attention", "linear_attention"],
+        linear_conv_kernel_dim=2,
+        index_topk=4,
+        index_kpool=4,
+        index_kpool_always_select_tail=True,
+        index_kpool_compress=True,
+    )
+
+
 # ---------------------------------------------------------------- tiny checkpoints
 
 
@@ -236,6 +261,23 @@ def make_checkpoint(directory, raw_config, seed, linear_dtype, norm_dtype, shard
             hc(f"model.layers.{layer}.hc_attn", (2 + n) * n, 3)
             hc(f"model.layers.{layer}.hc_ffn", (2 + n) * n, 3)
         hc("model.hc_head", n, 1)
+    if config.index_kpool > 1:
+        # Also last: a pooled model's other tensors are those of the same seed without pooling.
+        # The gate scaled like a linear (logits of order 1) and ape of order 1, so the pool
+        # weights vary with the position, the offset and the dimension.
+        pool, dim = config.index_kpool, config.index_head_dim
+        for layer in range(config.num_layers + config.num_nextn_predict_layers):
+            if config.indexer_type(layer) != "full":
+                continue
+            i = f"model.layers.{layer}.self_attn.indexer."
+            gate = rng.standard_normal((dim, hidden)) / math.sqrt(hidden)
+            if linear_dtype == "F8_E4M3":
+                codes, scale = ds_test.quantize_fp8(gate, block)
+                tensors[i + "index_kpool_compress_gate"] = ("F8_E4M3", codes)
+                tensors[i + "index_kpool_compress_gate_scale_inv"] = ("F32", scale)
+            else:
+                tensors[i + "index_kpool_compress_gate"] = (small_dtype, gate)
+            tensors[i + "index_kpool_compress_ape"] = ("F32", rng.standard_normal((pool, dim)))
 
     names = list(tensors)
     if shards == 1:
@@ -260,6 +302,16 @@ def _model_dirs(tmp):
         make_checkpoint(dirs["nope"], nope_config(), 23, "F32", "F32")
         make_checkpoint(dirs["hc4"], hc4_config(), 25, "F32", "F32")
         make_checkpoint(dirs["hc2_mtp"], hc2_mtp_config(), 26, "BF16", "BF16", shards=2)
+    return dirs
+
+
+def _kpool_dirs(tmp):
+    """The pooled-indexer checkpoints, apart from _model_dirs: the tests that run every model
+    there (chunked == recurrent) have nothing to learn from them."""
+    dirs = {name: os.path.join(tmp, name) for name in ("kpool2", "kpool4_mtp")}
+    if not os.path.exists(dirs["kpool2"]):
+        make_checkpoint(dirs["kpool2"], kpool2_config(), 20, "F32", "F32")  # f32's seed
+        make_checkpoint(dirs["kpool4_mtp"], kpool4_mtp_config(), 27, "F8_E4M3", "BF16", shards=2)
     return dirs
 
 
@@ -675,8 +727,19 @@ def test_config_rules(tmp):
     assert ref.Config(dict(f32_config(), linear_conv_kernel_dim=None)).linear_conv_kernel_dim == 4
     no_index = ref.Config(dict(f32_config(), index_topk=0))
     assert not no_index.has_indexer and no_index.indexer_type(1) == "none"
-    # Trivial values of the keys this version does not implement are accepted.
-    ref.Config(dict(f32_config(), index_kpool=None))
+    # index_kpool: absent, null, 0, 1 or false is the plain indexer (P = 1), and then the two
+    # required-true keys are not read; P > 1 divides index_topk and is at most 64.
+    assert config.index_kpool == 1
+    for off in (None, 0, 1, False):
+        no_pool = ref.Config(dict(f32_config(), index_kpool=off, index_kpool_compress=False))
+        assert no_pool.index_kpool == 1, off
+    assert ref.Config(kpool2_config()).index_kpool == 2
+    assert ref.Config(kpool4_mtp_config()).index_kpool == 4
+    nulls = dict(kpool2_config(), index_kpool_always_select_tail=None, index_kpool_compress=None)
+    assert ref.Config(nulls).index_kpool == 2
+    assert ref.Config(dict(f32_config(), index_kpool=64, index_topk=128)).index_kpool == 64
+    assert ref.Config(dict(f32_config(), index_kpool=5)).index_kpool == 5  # P == index_topk: one pool
+    assert not ref.Config(dict(f32_config(), index_kpool=4, index_topk=0)).has_indexer  # nothing to pool
     # hc_mult: absent, null or 1 is the plain residual, whatever the other hc keys say (they are
     # not read); n > 1 takes hc_sinkhorn_iters (default 20) and hc_eps (default 1e-6).
     for plain in (ref.Config(f32_config()), ref.Config(dict(f32_config(), hc_mult=None))):
@@ -714,7 +777,20 @@ def test_config_rules(tmp):
         "hc_eps nan must be": dict(f32_config(), hc_mult=2, hc_eps=math.nan),
         "hc_eps inf must be": dict(f32_config(), hc_mult=2, hc_eps=math.inf),
         "hc_eps '1e-6' must be": dict(f32_config(), hc_mult=2, hc_eps="1e-6"),
-        "index_kpool": dict(f32_config(), index_kpool=4),
+        "index_kpool 4 does not divide index_topk 5": dict(f32_config(), index_kpool=4),
+        "index_kpool 2 does not divide index_topk 5": dict(f32_config(), index_kpool=2),
+        "index_kpool 128 must be an integer from 2 to 64": dict(f32_config(), index_kpool=128, index_topk=128),
+        "index_kpool 65 must be": dict(f32_config(), index_kpool=65, index_topk=130),
+        "index_kpool -2 must be": dict(f32_config(), index_kpool=-2),
+        "index_kpool 2.0 must be": dict(kpool2_config(), index_kpool=2.0),
+        "index_kpool 1.0 must be": dict(f32_config(), index_kpool=1.0),
+        "index_kpool True must be": dict(f32_config(), index_kpool=True),
+        "index_kpool '2' must be": dict(kpool2_config(), index_kpool="2"),
+        "index_kpool_always_select_tail False with index_kpool 2": dict(
+            kpool2_config(), index_kpool_always_select_tail=False
+        ),
+        "index_kpool_compress False with index_kpool 2": dict(kpool2_config(), index_kpool_compress=False),
+        "index_kpool_compress 1 with index_kpool 4": dict(kpool4_mtp_config(), index_kpool_compress=1),
         "swiglu_limit -1.0 must be a positive number": dict(f32_config(), swiglu_limit=-1.0),
         "swiglu_limit True": dict(f32_config(), swiglu_limit=True),
         "swiglu_limit '7'": dict(f32_config(), swiglu_limit="7"),
@@ -1368,6 +1444,327 @@ def test_hc_mtp_refused(tmp):
         assert result.returncode != 0 and "hc_mult 2" in result.stderr, (command, result)
 
 
+# ---------------------------------------------------------------- pooled indexer keys (index_kpool)
+
+
+def _kpool_hand_model():
+    """One full_attention layer's indexer (hidden 2, I = 2, two heads, NoPE, P = 2, index_topk 2:
+    one pool per query) with explicit tensors, seven positions' inputs x and q latents."""
+    raw = dict(
+        BASE_CONFIG,
+        hidden_size=2,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+        mlp_layer_types=["dense"],
+        q_lora_rank=2,
+        qk_rope_head_dim=0,
+        index_n_heads=2,
+        index_head_dim=2,
+        index_topk=2,
+        index_kpool=2,
+    )
+    i = "model.layers.0.self_attn.indexer."
+    tensors = {
+        i + "wk.weight": [[1.0, 0.0], [0.0, 1.0]],
+        i + "k_norm.weight": [1.5, 0.5],
+        i + "k_norm.bias": [0.25, -0.5],
+        i + "wq_b.weight": [[1.0, 0.5], [-0.5, 1.0], [0.25, -1.0], [1.0, 0.75]],  # head 0 rows, then head 1
+        i + "weights_proj.weight": [[1.0, -0.5], [0.5, 0.75]],
+        i + "index_kpool_compress_gate": [[1.0, 0.0], [0.0, 1.0]],
+        i + "index_kpool_compress_ape": [[0.0, 0.0], [1.5 + math.log(3.0), -2.5]],
+    }
+    xs = [[1.0, -1.0], [-0.5, 1.5], [2.0, 0.5], [0.25, -0.75], [-1.0, -2.0], [0.5, 1.0], [1.5, -0.25]]
+    # Position 5's q latent is 0: all its scores are exactly 0, a tie the lowest pool wins.
+    q_latents = [[0.5, 1.0], [1.0, -1.0], [-0.75, 0.5], [1.25, 0.25], [-0.5, -1.5], [0.0, 0.0], [2.0, -0.5]]
+    return ref.Config(raw), tensors, xs, q_latents
+
+
+def _scalar_kpool(config, tensors, xs, q_latents, window):
+    """The pooled indexer of layer 0 in plain Python from the spec: pooled keys (every complete
+    pool of the sequence), each query's scores against them, its chosen pools and its tail,
+    for the queries past the dense window."""
+    i = "model.layers.0.self_attn.indexer."
+    pool, topk = config.index_kpool, config.index_topk
+    heads, dim = config.index_n_heads, config.index_head_dim
+    keys, gates = [], []
+    for x in xs:
+        k = matvec(tensors[i + "wk.weight"], x)
+        mean = sum(k) / dim
+        var = sum((v - mean) ** 2 for v in k) / dim
+        weight, bias = tensors[i + "k_norm.weight"], tensors[i + "k_norm.bias"]
+        keys.append([(v - mean) / math.sqrt(var + 1e-6) * w + b for v, w, b in zip(k, weight, bias)])
+        gates.append(matvec(tensors[i + "index_kpool_compress_gate"], x))
+    ape = tensors[i + "index_kpool_compress_ape"]
+    pooled = []
+    for j in range(len(xs) // pool):
+        key = []
+        for d in range(dim):
+            logits = [gates[j * pool + m][d] + ape[m][d] for m in range(pool)]
+            exps = [math.exp(z - max(logits)) for z in logits]
+            key.append(sum(exps[m] / sum(exps) * keys[j * pool + m][d] for m in range(pool)))
+        pooled.append(key)
+    scores, pools, tails = {}, {}, {}
+    for s in range(window, len(xs)):
+        q_all = matvec(tensors[i + "wq_b.weight"], q_latents[s])
+        head_weights = matvec(tensors[i + "weights_proj.weight"], xs[s])
+        row = []
+        for key in pooled:
+            score = 0.0
+            for h in range(heads):
+                dot = sum(a * b for a, b in zip(q_all[h * dim : (h + 1) * dim], key))
+                score += head_weights[h] * heads**-0.5 * max(dot, 0.0) * dim**-0.5
+            row.append(score)
+        scores[s] = row
+        complete = (s + 1) // pool
+        pools[s] = sorted(sorted(range(complete), key=lambda j: (-row[j], j))[: topk // pool])
+        tails[s] = list(range(complete * pool, s + 1))
+    return pooled, scores, pools, tails
+
+
+def test_kpool_hand(_):
+    """The pooled indexer of one layer (P = 2, I = 2, seven positions, dense window 2) against
+    _scalar_kpool: pooled keys, pooled scores, chosen pools and tails, to 1e-14.
+
+    Pool 0 by hand. wk is the identity and k_norm a LayerNorm over two values, so the key of
+    x = (a, b) is sign(a - b) (1, -1) * (1.5, 0.5) + (0.25, -0.5) (up to the LayerNorm's eps):
+    k_0 = (1.75, -1) for x_0 = (1, -1), k_1 = (-1.25, 0) for x_1 = (-0.5, 1.5). The gate is the
+    identity too, g_t = x_t, so the pool's logits are
+      dim 0: (1 + 0, -0.5 + 1.5 + ln 3) = (1, 1 + ln 3)  -> weights (1/4, 3/4)
+      dim 1: (-1 + 0, 1.5 - 2.5)        = (-1, -1)      -> weights (1/2, 1/2)
+      pk_0 = (1.75/4 - 3 * 1.25/4, -1/2 + 0/2) = (-0.5, -0.5).
+    Queries: 2 has one complete pool (taken) and the tail {2}; 3 and 5 complete a pool and
+    have no tail; 5's q latent is 0, so its three scores tie at 0 and pool 0 wins: 5 does not
+    attend to itself. A gate or ape of the wrong shape is refused by name."""
+    config, tensors, xs, q_latents = _kpool_hand_model()
+    assert config.index_kpool == 2
+    r = ref.Reference(config, DictCheckpoint(tensors), dense_window=2)
+    x, q_latent = f64(xs), f64(q_latents)
+    cos, sin = ds.rope_tables(config, len(xs))
+    with torch.no_grad():
+        pooled, scores = r.kpool_indexer_scores(0, x, q_latent, cos, sin, 2)
+        allowed, dump = r._select(0, x, q_latent, cos, sin, None)
+    assert max_diff(pooled[0], f64([-0.5, -0.5])) < 1e-5, pooled[0]
+    want_pooled, want_scores, want_pools, want_tails = _scalar_kpool(config, tensors, xs, q_latents, 2)
+    assert max_diff(pooled, f64(want_pooled)) < 1e-14, (pooled, want_pooled)
+    assert max_diff(scores, f64([want_scores[s] for s in range(2, 7)])) < 1e-14, (scores, want_scores)
+    want_dump = {s: [p * 2 + m for p in want_pools[s] for m in range(2)] + want_tails[s] for s in range(2, 7)}
+    assert dump == want_dump, (dump, want_dump)
+    # The worked case: which pools, which tails (also what _scalar_kpool derived).
+    assert want_pools == {2: [0], 3: [1], 4: [0], 5: [0], 6: [1]}, want_pools
+    assert want_tails == {2: [2], 3: [], 4: [4], 5: [], 6: [6]}, want_tails
+    assert set(want_scores[5]) == {0.0}
+    assert dump[5] == [0, 1] and dump[6] == [2, 3, 6], dump
+    for s in range(7):
+        want_row = [t <= s for t in range(7)] if s < 2 else [t in want_dump[s] for t in range(7)]
+        assert allowed[s].tolist() == want_row, (s, allowed[s])
+    prefix = "model.layers.0.self_attn.indexer."
+    wrong = (
+        ("index_kpool_compress_gate", [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+        ("index_kpool_compress_ape", [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]),
+    )
+    for name, value in wrong:
+        bad = ref.Reference(config, DictCheckpoint(dict(tensors, **{prefix + name: value})), dense_window=2)
+        try:
+            bad._select(0, x, q_latent, cos, sin, None)
+        except SystemExit as e:
+            assert prefix + name + ": shape" in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted {name} {value}")
+
+
+def _check_pooled_structure(selected, position, pool, topk):
+    """One query's selection past the window is whole complete pools, min(C, topk / P) of them,
+    plus its whole tail; returns (pools chosen, complete pools, tail)."""
+    complete = (position + 1) // pool
+    tail = list(range(complete * pool, position + 1))
+    assert selected == sorted(set(selected)) and selected[len(selected) - len(tail) :] == tail, (position, selected)
+    members = selected[: len(selected) - len(tail)]
+    chosen = sorted({t // pool for t in members})
+    assert members == [j * pool + m for j in chosen for m in range(pool)], (position, selected)
+    assert len(chosen) == min(complete, topk // pool) and all(j < complete for j in chosen), (position, selected)
+    return chosen, complete, tail
+
+
+def test_kpool_selection_rule(tmp):
+    """kpool_positions on given scores: the tail is always attended, complete pools not chosen
+    are left out, a pool that is not complete yet is never chosen however high its score, a
+    query that completes a pool has no tail (and need not see itself), equal scores prefer the
+    lower pool, and with fewer complete pools than topk / P everything causal is attended.
+    Then every selection the two pooled checkpoints make past a dense window of 4 has that
+    shape, and some of them leave complete pools out, leave the query itself out, or have a
+    tail of P - 1 positions."""
+
+    def positions(scores, position, pool, topk):
+        return ref.kpool_positions(f64(scores), position, pool, topk).tolist()
+
+    scores = [0.5, 0.2, 0.9, 5.0]  # pool 3 (positions 9..11) is the best, but not complete at 10
+    assert positions(scores, 10, 3, 6) == [0, 1, 2, 6, 7, 8, 9, 10]
+    assert positions(scores, 9, 3, 6) == [0, 1, 2, 6, 7, 8, 9]
+    assert positions(scores, 8, 3, 6) == [0, 1, 2, 6, 7, 8]  # completes pool 2: no tail
+    assert positions([0.5, 0.9, 0.2, 5.0], 8, 3, 6) == [0, 1, 2, 3, 4, 5]  # ... and not itself
+    assert positions([0.5, 0.9, 0.2, 5.0], 8, 3, 3) == [3, 4, 5]
+    assert positions([1.0, 1.0, 1.0], 8, 3, 6) == [0, 1, 2, 3, 4, 5]  # ties: the lower pools
+    assert positions([2.0, 1.0, 1.0], 8, 3, 6) == [0, 1, 2, 3, 4, 5]
+    assert positions([0.0, 2.0, 2.0], 8, 3, 3) == [3, 4, 5]
+    assert positions([-1.0, -3.0, -2.0], 8, 3, 6) == [0, 1, 2, 6, 7, 8]  # negative scores rank too
+    assert positions([0.1, 5.0], 4, 3, 6) == [0, 1, 2, 3, 4]  # one complete pool: all causal keys
+    assert positions([5.0], 1, 3, 6) == [0, 1]  # no complete pool: the tail alone
+    assert positions([0.3, 0.1, 0.2, 0.4], 7, 2, 4) == [0, 1, 6, 7]
+
+    seen = {"pools left out": False, "not itself": False, "full tail": False}
+    for directory, config in ((d, ref.load(d)[0]) for d in _kpool_dirs(tmp).values()):
+        pool, topk = config.index_kpool, 4
+        _, dump = run(directory, dense_window=4)
+        for layer, selected in enumerate(dump):
+            if config.indexer_type(layer) == "none":
+                assert selected == {}, (directory, layer)
+                continue
+            assert sorted(selected) == list(range(4, len(TOKENS))), (directory, layer)
+            for position, keys in selected.items():
+                chosen, complete, tail = _check_pooled_structure(keys, position, pool, topk)
+                seen["pools left out"] |= len(chosen) < complete
+                seen["not itself"] |= position not in keys
+                seen["full tail"] |= len(tail) == pool - 1
+    assert all(seen.values()), seen
+
+
+def _decode(r, tokens):
+    """The logits of a plain-residual model computed one position at a time, as an engine
+    decodes: each KDA layer carries its (conv, S) state from position to position, each
+    full-attention layer attends over the inputs it cached for the positions so far (its keys,
+    values and pooled keys are functions of those), selecting for the newest one."""
+    config = r.config
+    eps = config.rms_norm_eps
+    embedding_name, head_name = r._embedding_and_head()
+    embedding, head = r._weight(embedding_name), r._weight(head_name)
+    cos, sin = ds.rope_tables(config, len(tokens))
+    kda_states = [None] * config.num_layers
+    cached = [[] for _ in range(config.num_layers)]
+    rows = []
+    for t, token in enumerate(tokens):
+        hidden = embedding[token][None]
+        for layer in range(config.num_layers):
+            p = f"model.layers.{layer}."
+            x = ds.rms_norm(hidden, r._weight(p + "input_layernorm.weight"), eps)
+            if config.layer_type(layer) == "linear_attention":
+                out, kda_states[layer] = r.kda_mixer(layer, x, state=kda_states[layer], start=t)
+            else:
+                cached[layer].append(x)
+                out, _ = r._attention(layer, torch.cat(cached[layer]), cos[: t + 1], sin[: t + 1], None)
+                out = out[-1:]
+            hidden = hidden + out
+            x = ds.rms_norm(hidden, r._weight(p + "post_attention_layernorm.weight"), eps)
+            hidden = hidden + (r._moe(p + "mlp", x) if config.mlp_type(layer) == "sparse" else r._mlp(p + "mlp", x))
+        rows.append(ds.rms_norm(hidden, r._weight("model.norm.weight"), eps) @ head.T)
+    return torch.cat(rows)
+
+
+def _changed_entry(get, tensor, index, delta):
+    """A checkpoint reader that adds delta to one entry of one tensor."""
+
+    def changed(name):
+        value = get(name)
+        if name == tensor:
+            value = value.clone()
+            value[index] += delta
+        return value
+
+    return changed
+
+
+def test_kpool_model(tmp):
+    """End to end on the pooled checkpoints (P = 2: F32 with indexer RoPE; P = 4: FP8 gate,
+    NoPE, two shards, an MTP layer), dense window 6: every pooling tensor is read (the MTP
+    layer's by the MTP), runs are bit-identical, prefill equals position-by-position decode,
+    and one entry of a gate or an ape moves the logits past the window while the rows inside
+    it stay bit-identical; the MTP layer's own ape moves only the MTP logits past its window.
+    With P = 1 and any gate, the pooled scores are the unpooled indexer's (the same keys, q and
+    head weights). The command line dumps the pooled selection."""
+    dirs = _kpool_dirs(tmp)
+    # 6: past it both models select (P = 4 from query 7, with two complete pools), and inside it
+    # P = 2's query 5 (three complete pools, index_topk 4) would not see everything if pooled.
+    window = 6
+    for name, directory in dirs.items():
+        r = reference(directory, dense_window=window)
+        config = r.config
+        read = set()
+        get = r.checkpoint.get
+        r.checkpoint.get = lambda tensor, get=get: read.add(tensor) or get(tensor)
+        with torch.no_grad():
+            logits, dump = r.forward(TOKENS)
+            mtp = r.mtp_logits(TOKENS) if config.num_nextn_predict_layers else None
+        r.checkpoint.get = get
+        layers = range(config.num_layers + config.num_nextn_predict_layers)  # the MTP layer's too
+        indexed = [i for i in layers if config.indexer_type(i) == "full"]
+        parts = ("gate", "ape")
+        expected = {f"model.layers.{i}.self_attn.indexer.index_kpool_compress_{p}" for i in indexed for p in parts}
+        pooling_read = {t for t in read if "kpool" in t and not t.endswith("_scale_inv")}
+        assert pooling_read == expected, (name, sorted(pooling_read))
+        assert torch.isfinite(logits).all() and logits.shape == (len(TOKENS), VOCAB)
+        with torch.no_grad():
+            again, again_dump = reference(directory, dense_window=window).forward(TOKENS)
+            decoded = _decode(r, TOKENS)
+        assert torch.equal(logits, again) and again_dump == dump, name
+        assert max_diff(logits, decoded) < 1e-10, (name, max_diff(logits, decoded))
+        # Pooling matters: the same weights with the unpooled indexer (index_topk 4) differ.
+        pool, config.index_kpool = config.index_kpool, 1
+        with torch.no_grad():
+            unpooled, _ = r.forward(TOKENS)
+        config.index_kpool = pool
+        assert max_diff(logits[window:], unpooled[window:]) > 1e-3, name
+        first_full = indexed[0]
+        mutations = [
+            (f"model.layers.{first_full}.self_attn.indexer.index_kpool_compress_ape", (1, 3), 8.0),
+            (f"model.layers.{indexed[1]}.self_attn.indexer.index_kpool_compress_gate", (1, 3), 8.0),
+        ]
+        for tensor, index, delta in mutations:
+            r.checkpoint.get = _changed_entry(get, tensor, index, delta)
+            with torch.no_grad():
+                moved, moved_dump = r.forward(TOKENS)
+            r.checkpoint.get = get
+            assert moved_dump != dump, (name, tensor)
+            assert torch.equal(moved[:window], logits[:window]), (name, tensor)
+            assert max_diff(moved[window:], logits[window:]) > 1e-6, (name, tensor)
+        if mtp is not None:
+            tensor = f"model.layers.{config.num_layers}.self_attn.indexer.index_kpool_compress_ape"
+            r.checkpoint.get = _changed_entry(get, tensor, (2, 0), 8.0)
+            with torch.no_grad():
+                moved_main, _ = r.forward(TOKENS)
+                moved_mtp = r.mtp_logits(TOKENS)
+                prefix_mtp = reference(directory, dense_window=window).mtp_logits(TOKENS[:10])
+            r.checkpoint.get = get
+            assert torch.equal(moved_main, logits), name
+            assert torch.equal(moved_mtp[:window], mtp[:window]), name
+            assert max_diff(moved_mtp[window:], mtp[window:]) > 1e-6, name
+            assert max_diff(prefix_mtp, mtp[:9]) < 1e-10, name  # the MTP's pooled selection is causal
+    # P = 1 (a single-offset ape, any gate): pooled scores == the unpooled indexer's scores.
+    r = reference(dirs["kpool2"], dense_window=window)
+    layer = 1
+    with torch.no_grad():
+        x = layer_input(r, TOKENS, layer)
+        a = f"model.layers.{layer}.self_attn."
+        q_latent = ds.rms_norm(r._linear(a + "q_a_proj", x), r._weight(a + "q_a_layernorm.weight"), 1e-6)
+        cos, sin = ds.rope_tables(r.config, len(TOKENS))
+        unpooled = ds.Reference._indexer_scores(r, layer, x, q_latent, cos, sin, window)
+        gate, ape = r.kpool_weights(layer)
+        r.config.index_kpool = 1
+        r.kpool_weights = lambda _: (gate, ape[:1])
+        keys, single = r.kpool_indexer_scores(layer, x, q_latent, cos, sin, window)
+    assert keys.shape == (len(TOKENS), r.config.index_head_dim)
+    assert max_diff(single, unpooled) < 1e-13, max_diff(single, unpooled)
+    # The command line: the same logits and the pooled selection in --dump_topk.
+    out, dump_path = os.path.join(tmp, "kpool_logits.bin"), os.path.join(tmp, "kpool_topk.json")
+    command = [sys.executable, os.path.join(HERE, "glm5_next_reference.py"), "--model", dirs["kpool2"]]
+    command += ["--tokens", ",".join(map(str, TOKENS)), "--out", out, "--dense_window", "4", "--dump_topk", dump_path]
+    subprocess.run(command, check=True)
+    expected, dump = run(dirs["kpool2"], dense_window=4)
+    written = np.fromfile(out, dtype="<f8").reshape(len(TOKENS), VOCAB)
+    assert np.array_equal(written, expected.numpy())
+    with open(dump_path) as f:
+        topk = json.load(f)
+    assert [{int(p): s for p, s in layer["selected"].items()} for layer in topk["layers"]] == dump
+
+
 TESTS = [
     test_hand_kda_steps,
     test_causal_conv,
@@ -1390,6 +1787,9 @@ TESTS = [
     test_hc_layers_and_head,
     test_hc_model,
     test_hc_mtp_refused,
+    test_kpool_hand,
+    test_kpool_selection_rule,
+    test_kpool_model,
     test_config_rules,
     test_command_line,
 ]

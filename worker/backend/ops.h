@@ -96,6 +96,12 @@ struct IndexerQuery {
   int head_dim = 0;
   int key_offset = 0;
   float weight_scale = 1.0f;  // multiplies every w
+  // Pooled (IndexerConfig::kpool > 1): the cached rows hold each position's
+  // gate scores right after its key (head_dim floats), `ape` is the
+  // [kpool][head_dim] offsets, and `pools` complete pools are chosen.
+  int kpool = 1;
+  const float* ape = nullptr;
+  int pools = 0;
 };
 
 // Which positions each row attends to (IndexerSelect's output): row t with

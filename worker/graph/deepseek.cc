@@ -31,6 +31,7 @@ enum Slot : int {
   kSlots,         // [T * experts_per_token][hidden] each choice's output
   kShared,        // [T][hidden] the shared experts' output
   kIndexQ,        // [T][index heads * index_head_dim] the indexer's queries
+  kIndexGate,     // [T][index_head_dim] the pooled indexer's gate scores
   kIndexKeyRaw,   // [T][index_head_dim] before its LayerNorm
   kIndexKey,      // [T][index_head_dim]
   kIndexWeights,  // [T][index heads]
@@ -121,7 +122,7 @@ std::vector<LayerCacheSpec> DeepseekGraph::LayerCaches(const ModelConfig& config
   latent.rope_dim = config.mla.qk_rope_head_dim;
   // The indexer's key lives in the same row, so it is stored, evicted,
   // offloaded and restored with its latent, never apart from it.
-  latent.index_dim = config.indexer.topk > 0 ? config.indexer.head_dim : 0;
+  latent.index_dim = config.indexer.CachedDim();
   latent.head_dim = latent.latent_dim + latent.rope_dim + latent.index_dim;
   std::vector<LayerCacheSpec> caches(config.layers, latent);
   LayerCacheSpec state;
@@ -329,6 +330,9 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
   const int I = ix.head_dim, IH = ix.heads;
   float* index_key_raw = full ? ops->Scratch(kIndexKeyRaw, T * I) : nullptr;
   float* index_weights = full ? ops->Scratch(kIndexWeights, T * IH) : nullptr;
+  // Pooled: each position's gate scores, cached beside its key.
+  const bool pooled = indexer && ix.Pooled();
+  float* index_gate = pooled ? ops->Scratch(kIndexGate, T * I) : nullptr;
   float* qa_normed = nullptr;
   // The projections of xb share their input: one op for all of them.
   if (QL > 0) {
@@ -338,8 +342,9 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
                                  {&v.kv_a_latent, latent, C},
                                  {&v.kv_a_rope, rope_key, R},
                                  {&iw.wk, index_key_raw, I},
-                                 {&iw.weights_proj, index_weights, IH}};
-    ops->MatMulShared(absl::MakeConstSpan(down, full ? 5 : 3), xb, D, rows);
+                                 {&iw.weights_proj, index_weights, IH},
+                                 {&iw.kpool_gate, index_gate, I}};
+    ops->MatMulShared(absl::MakeConstSpan(down, !full ? 3 : pooled ? 6 : 5), xb, D, rows);
     ops->RmsNorm(qa, a.q_a_norm, QL, kLatentNormEps, qa_normed, rows);
     ops->MatMul(a.wq_b, qa_normed, QL, rows, q, int64_t{H} * QK);
   } else {
@@ -364,8 +369,9 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
     ops->Rope(index_key, I, 1, R, layout);
     for (int h = 0; h < IH; ++h) ops->Rope(index_q + int64_t{h} * I, int64_t{IH} * I, 1, R, layout);
   }
-  const LatentPart parts[] = {{latent_normed, C, C}, {rope_key, R, R}, {index_key, I, I}};
-  ops->StoreLatent(layer, absl::MakeConstSpan(parts, indexer ? 3 : 2));
+  const LatentPart parts[] = {
+      {latent_normed, C, C}, {rope_key, R, R}, {index_key, I, I}, {index_gate, I, I}};
+  ops->StoreLatent(layer, absl::MakeConstSpan(parts, !indexer ? 2 : pooled ? 4 : 3));
   if (full) {
     IndexerQuery iq;
     iq.q = ops->Scratch(kIndexQ, 0);
@@ -379,10 +385,15 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
     // row alike, so they never change the choice, only its rounding.
     iq.weight_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(IH)) /
                                          std::sqrt(static_cast<double>(I)));
-    selected_.resize(T * ix.topk);
+    if (pooled) {
+      iq.kpool = ix.kpool;
+      iq.ape = iw.kpool_ape.data();
+      iq.pools = ix.topk / ix.kpool;
+    }
+    selected_.resize(T * ix.SelectionWidth());
     selected_count_.resize(T);
-    if (absl::Status st = ops->IndexerSelect(layer, iq, ix.dense_window, ix.topk, selected_.data(),
-                                             selected_count_.data());
+    if (absl::Status st = ops->IndexerSelect(layer, iq, ix.dense_window, ix.SelectionWidth(),
+                                             selected_.data(), selected_count_.data());
         !st.ok()) {
       return st;
     }
@@ -403,7 +414,7 @@ absl::Status DeepseekGraph::Attention(int model_layer, const float* xb, int rows
   lh.pe_ld = int64_t{H} * QK;
   lh.pe_stride = QK;
   // A shared layer (GLM-5.2) attends where the last full layer chose.
-  const LatentSelection selection{selected_.data(), selected_count_.data(), ix.topk};
+  const LatentSelection selection{selected_.data(), selected_count_.data(), ix.SelectionWidth()};
   const int W = ops->context_parallel();
   if (W <= 1) {
     ops->AttendLatent(layer, lh, q_latent, q + N, indexer ? &selection : nullptr, o_latent);

@@ -275,6 +275,34 @@ Json Glm5NextConfig() {
   return j;
 }
 
+TEST(DeepseekConfigTest, Glm5NextPooledIndexerIsRead) {
+  Json j = Glm5NextConfig();
+  j["index_topk"] = 2048;
+  j["index_kpool"] = 4;
+  j["index_kpool_always_select_tail"] = true;
+  j["index_kpool_compress"] = true;
+  absl::StatusOr<HfConfig> hf = ParseHfConfig(j.dump(), "glm5_next/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  const IndexerConfig& x = hf->config.indexer;
+  EXPECT_TRUE(x.Pooled());
+  EXPECT_EQ(x.kpool, 4);
+  // 512 pools and a tail of up to 3: GLM-5.3-Flash's 2051 positions.
+  EXPECT_EQ(x.SelectionWidth(), 2051);
+  EXPECT_EQ(x.CachedDim(), 2 * x.head_dim);
+  for (const char* key : {"index_kpool_always_select_tail", "index_kpool_compress"}) {
+    Json off = j;
+    off[key] = false;
+    hf = ParseHfConfig(off.dump(), "glm5_next/config.json");
+    ASSERT_FALSE(hf.ok()) << key;
+    EXPECT_EQ(hf.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_THAT(std::string(hf.status().message()), ::testing::HasSubstr(key));
+  }
+  j["index_kpool"] = false;
+  hf = ParseHfConfig(j.dump(), "glm5_next/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_FALSE(hf->config.indexer.Pooled());
+}
+
 TEST(DeepseekConfigTest, Glm5NextHyperConnectionsAreRead) {
   Json j = Glm5NextConfig();
   j["hc_mult"] = 4;
@@ -342,7 +370,9 @@ TEST(DeepseekConfigTest, BadGlm5NextConfigsNameTheField) {
       {"hc_mult", 17, absl::StatusCode::kInvalidArgument, "hc_mult"},
       {"hc_sinkhorn_iters", 0, absl::StatusCode::kInvalidArgument, "hc_sinkhorn_iters"},
       {"hc_eps", -1e-6, absl::StatusCode::kInvalidArgument, "hc_eps"},
-      {"index_kpool", true, absl::StatusCode::kUnimplemented, "index_kpool"},
+      {"index_kpool", true, absl::StatusCode::kInvalidArgument, "index_kpool"},
+      {"index_kpool", 3, absl::StatusCode::kInvalidArgument, "index_kpool"},
+      {"index_kpool", 128, absl::StatusCode::kInvalidArgument, "index_kpool"},
       {"swiglu_limit", -7.0, absl::StatusCode::kInvalidArgument, "swiglu_limit"},
       {"indexer_types", Json::array({"full"}), absl::StatusCode::kUnimplemented, "indexer_types"},
       {"qk_rope_head_dim", -2, absl::StatusCode::kInvalidArgument, "qk_rope_head_dim"},

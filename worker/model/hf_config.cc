@@ -245,8 +245,29 @@ absl::Status ParseLinearAttention(const Json& j, absl::string_view path, ModelCo
     }
   }
   // Not run yet: refused rather than silently computed without.
-  for (const char* key :
-       {"index_kpool", "indexer_types", "index_topk_pattern", "index_topk_freq"}) {
+  // The pooled indexer; false, 0 or 1: single positions.
+  if (Present(j, "index_kpool") &&
+      !(j["index_kpool"].is_boolean() && !j["index_kpool"].get<bool>())) {
+    int pool = 1;
+    if (absl::Status s = GetInt(j, "index_kpool", path, &pool); !s.ok()) return s;
+    if (pool < 0 || pool > 64) {
+      return Invalid(path, "index_kpool", absl::StrCat("must be in [0, 64], got ", pool));
+    }
+    if (pool > 1) {
+      if (c->indexer.topk % pool != 0) {
+        return Invalid(path, "index_kpool",
+                       absl::StrCat("(", pool, ") must divide index_topk (", c->indexer.topk, ")"));
+      }
+      // The published model defines only the compressed pools with the tail.
+      for (const char* key : {"index_kpool_always_select_tail", "index_kpool_compress"}) {
+        if (Present(j, key) && j[key].is_boolean() && !j[key].get<bool>()) {
+          return Unsupported(path, key, "false is not supported (only true is defined)");
+        }
+      }
+      c->indexer.kpool = pool;
+    }
+  }
+  for (const char* key : {"indexer_types", "index_topk_pattern", "index_topk_freq"}) {
     if (Present(j, key) && !(j[key].is_boolean() && !j[key].get<bool>())) {
       return Unsupported(path, key, "is not supported for glm5_next yet");
     }

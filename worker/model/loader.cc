@@ -531,6 +531,12 @@ absl::Status LoadDeepseekLayer(HfLoader& l, const ModelConfig& c, int i, LayerWe
     mats.push_back({a + "indexer.weights_proj.weight", x.heads, D, &L->indexer.weights_proj});
     vecs.push_back({a + "indexer.k_norm.weight", x.head_dim, &L->indexer.k_norm});
     vecs.push_back({a + "indexer.k_norm.bias", x.head_dim, &L->indexer.k_norm_bias});
+    if (x.Pooled()) {
+      mats.push_back(
+          {a + "indexer.index_kpool_compress_gate", x.head_dim, D, &L->indexer.kpool_gate});
+      vecs.push_back({a + "indexer.index_kpool_compress_ape", int64_t{x.kpool} * x.head_dim,
+                      &L->indexer.kpool_ape, true});
+    }
   }
   // Hyper-connections of the model's layers (an MTP layer's are not read:
   // such a model has no MTP drafter).

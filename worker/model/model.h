@@ -82,8 +82,22 @@ struct IndexerConfig {
   // of them; beyond, to the topk the indexer picks. Not a checkpoint key: the
   // serving side's choice (the worker's --dsa_dense_window).
   int dense_window = 2051;
+  // GLM-5.3-Flash's pooled indexer (index_kpool P > 1): beyond the dense
+  // window a query scores pools of P consecutive positions instead of single
+  // ones. A pool's key is, per dimension, the softmax-weighted sum of its
+  // positions' keys, the weights from a gate projection of each position's
+  // input plus a learned per-slot offset (index_kpool_compress_gate, _ape).
+  // The query takes the topk / P best complete pools, all their positions,
+  // and always the positions past its last complete pool (the tail).
+  int kpool = 1;
 
   bool FullLayer(int layer) const { return full_layer.empty() || full_layer[layer]; }
+  bool Pooled() const { return kpool > 1; }
+  // Positions a query beyond the dense window attends to at most.
+  int SelectionWidth() const { return topk + (Pooled() ? kpool - 1 : 0); }
+  // Floats of the indexer's part of a cached latent row: the key, and with
+  // pools each position's gate scores too.
+  int CachedDim() const { return topk > 0 ? head_dim * (Pooled() ? 2 : 1) : 0; }
 };
 
 // Linear attention (GLM-5.3-Flash's Kimi Delta Attention, glm5_next): the
@@ -262,6 +276,8 @@ struct IndexerWeights {
   std::vector<float> k_norm;       // [head_dim] LayerNorm weight
   std::vector<float> k_norm_bias;  // [head_dim]
   Matrix weights_proj;             // [heads, hidden]
+  Matrix kpool_gate;               // [head_dim, hidden]; with index_kpool > 1
+  std::vector<float> kpool_ape;    // [index_kpool][head_dim]; likewise
 };
 
 // A Kimi Delta Attention mixer (LinearAttentionConfig), in the names of

@@ -202,6 +202,11 @@ void AddDeepseekConfig(const ModelConfig& c, const SyntheticModelOptions& o,
     j["linear_conv_kernel_dim"] = c.linear.conv_kernel;
     if (c.linear.has_lower_bound) j["linear_lower_bound"] = c.linear.lower_bound;
     if (c.moe.swiglu_limit > 0.0f) j["swiglu_limit"] = c.moe.swiglu_limit;
+    if (c.indexer.Pooled()) {
+      j["index_kpool"] = c.indexer.kpool;
+      j["index_kpool_always_select_tail"] = true;
+      j["index_kpool_compress"] = true;
+    }
     if (c.hyper.enabled()) {
       j["hc_mult"] = c.hyper.mult;
       j["hc_sinkhorn_iters"] = c.hyper.sinkhorn_iters;
@@ -319,6 +324,12 @@ void AddDeepseekLayer(const ModelConfig& c, const SyntheticModelOptions& o, int 
     // BF16 in the published FP8 checkpoints, as the router is.
     add_matrix(a + "indexer.weights_proj.weight", Kind::kLinear, x.heads, H,
                dtype == DType::kFP8E4M3 ? DType::kBF16 : dtype);
+    if (x.Pooled()) {
+      add_matrix(a + "indexer.index_kpool_compress_gate", Kind::kLinear, x.head_dim, H,
+                 dtype == DType::kFP8E4M3 ? DType::kBF16 : dtype);
+      add_shaped(a + "indexer.index_kpool_compress_ape", Kind::kLinear, x.kpool, x.head_dim,
+                 std::vector<int64_t>{x.kpool, x.head_dim});
+    }
   }
   add_vector(p + "post_attention_layernorm.weight", Kind::kNorm, H);
   auto mlp = [&](const std::string& q, int64_t inter) {
@@ -494,6 +505,13 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
       c.indexer = {o.index_topk, o.index_n_heads, o.index_head_dim,
                    o.family == "glm_moe_dsa" || o.family == "glm5_next"};
       for (char t : o.indexer_types) c.indexer.full_layer.push_back(t == 'F');
+      if (o.index_kpool > 1) {
+        if (o.family != "glm5_next" || o.index_kpool > 64 || o.index_topk % o.index_kpool != 0) {
+          return absl::InvalidArgumentError(
+              "synthetic model: index_kpool is glm5_next's, at most 64, and divides index_topk");
+        }
+        c.indexer.kpool = o.index_kpool;
+      }
       if (!o.indexer_types.empty() &&
           (static_cast<int>(o.indexer_types.size()) != o.layers || o.indexer_types[0] != 'F' ||
            o.indexer_types.find_first_not_of("FS") != std::string::npos)) {

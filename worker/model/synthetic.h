@@ -94,6 +94,8 @@ struct SyntheticModelOptions {
   float swiglu_limit = 0.0f;
   // glm5_next: > 1 writes hc_mult, hc_sinkhorn_iters, hc_eps and the
   // hyper-connection tensors (HyperConfig).
+  // glm5_next: > 1 writes index_kpool (the pooled indexer) and its tensors.
+  int index_kpool = 1;
   int hc_mult = 1;
   int hc_sinkhorn_iters = 20;
   // Also DeepSeek-V4's model.hc_head_* (learned head weights); without,

@@ -375,6 +375,16 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
     for (int64_t t = 0; t < rows_.rows; ++t) no_candidates(t);
   }
   const int I = iq.head_dim;
+  // Pooled keys: P positions' keys and gate scores per pool, every pool's
+  // from its own positions only, so a pool's key is the same whichever
+  // query or round computes it.
+  const int P = iq.kpool;
+  const bool pooled = P > 1;
+  if (pooled && cp) {
+    return absl::UnimplementedError(
+        "the pooled indexer (index_kpool) under decode context parallel");
+  }
+  const int G = pooled ? 2 * I : I;  // floats gathered per position
   // Keys are split over the threads, sequence by sequence: a single decoding
   // stream at long context is one row scoring every key, and each key's
   // score is its own (IndexerScores), so the split never changes a bit.
@@ -392,23 +402,51 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
     if (!any) continue;
     // The keys transposed once per sequence: the scores of consecutive
     // positions are then computed side by side.
-    index_keys_.resize(n_ctx * I);
-    index_kt_.resize(n_ctx * I);
-    index_scores_.resize(n_ctx);
+    // Pooled: the scored keys are the complete pools' (a pool of positions
+    // [jP, jP + P) is complete once its last position is cached).
+    const int64_t n_keys = pooled ? n_ctx / P : n_ctx;
+    index_keys_.resize(n_ctx * G);
+    index_kt_.resize(n_keys * I);
+    index_scores_.resize(n_keys);
     const int64_t tasks = (n_ctx + kKeysPerTask - 1) / kKeysPerTask;
     pool_->ParallelFor(tasks, [&](int64_t task, int) {
       const int64_t j0 = task * kKeysPerTask, j1 = std::min(n_ctx, j0 + kKeysPerTask);
-      kv_->GatherColumns(seq.block_ids, j0, j1 - j0, layer, iq.key_offset, I,
-                         index_keys_.data() + j0 * I, I);
+      kv_->GatherColumns(seq.block_ids, j0, j1 - j0, layer, iq.key_offset, G,
+                         index_keys_.data() + j0 * G, G);
+      if (pooled) return;
       for (int64_t j = j0; j < j1; ++j)
         for (int d = 0; d < I; ++d) index_kt_[d * n_ctx + j] = index_keys_[j * I + d];
     });
+    if (pooled) {
+      // pk_j[d] = sum_m softmax_m(gate_{jP+m}[d] + ape[m][d]) k_{jP+m}[d].
+      pool_->ParallelFor((n_keys + kKeysPerTask - 1) / kKeysPerTask, [&](int64_t task, int) {
+        const int64_t p0 = task * kKeysPerTask, p1 = std::min(n_keys, p0 + kKeysPerTask);
+        for (int64_t j = p0; j < p1; ++j) {
+          const float* row = index_keys_.data() + j * P * G;
+          for (int d = 0; d < I; ++d) {
+            double mx = -INFINITY;
+            for (int m = 0; m < P; ++m) {
+              mx = std::max(mx, double{row[m * G + I + d]} + iq.ape[m * I + d]);
+            }
+            double sum = 0.0, acc = 0.0;
+            for (int m = 0; m < P; ++m) {
+              const double e = std::exp(double{row[m * G + I + d]} + iq.ape[m * I + d] - mx);
+              sum += e;
+              acc += e * row[m * G + d];
+            }
+            index_kt_[d * n_keys + j] = static_cast<float>(acc / sum);
+          }
+        }
+      });
+    }
     std::vector<float> w(iq.heads);
     std::vector<int32_t> order;
     for (int r = 0; r < rows; ++r) {
       const int64_t t = row0 + r;
       if (rows_.positions[t] + 1 <= dense_window) continue;
-      const int64_t n = LocalCount(rows_.positions[t]);  // keys of this rank it may see
+      const int64_t position = rows_.positions[t];
+      // Keys of this rank it may see; pooled: its complete pools.
+      const int64_t n = pooled ? (position + 1) / P : LocalCount(position);
       // This row's query and the cached keys alone decide: the choice never
       // depends on the row's round-mates.
       for (int h = 0; h < iq.heads; ++h) w[h] = iq.weight_scale * iq.w[t * iq.ldw + h];
@@ -416,12 +454,12 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
         const int64_t j0 = task * kKeysPerTask, len = std::min(n - j0, kKeysPerTask);
         std::vector<float>& dot = vbuf_[thread];
         if (dot.size() < static_cast<size_t>(len)) dot.resize(len);
-        IndexerScores({iq.q + t * iq.ldq, w.data(), iq.heads, I, index_kt_.data() + j0, n_ctx, len,
+        IndexerScores({iq.q + t * iq.ldq, w.data(), iq.heads, I, index_kt_.data() + j0, n_keys, len,
                        dot.data(), index_scores_.data() + j0},
                       isa_);
       });
       const float* sc = index_scores_.data();
-      const int k = static_cast<int>(std::min<int64_t>(topk, n));
+      const int k = static_cast<int>(std::min<int64_t>(pooled ? iq.pools : topk, n));
       order.resize(n);
       std::iota(order.begin(), order.end(), 0);
       // Local index order is position order, so ties go to the lower
@@ -438,6 +476,18 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
         continue;
       }
       std::sort(order.begin(), order.begin() + k);
+      if (pooled) {
+        // The chosen pools' positions, then the tail past the last
+        // complete pool (always attended), in increasing position.
+        int32_t* out = selected + t * topk;
+        int c = 0;
+        for (int i = 0; i < k; ++i) {
+          for (int m = 0; m < P; ++m) out[c++] = static_cast<int32_t>(order[i] * P + m);
+        }
+        for (int64_t q = n * P; q <= position; ++q) out[c++] = static_cast<int32_t>(q);
+        count[t] = c;
+        continue;
+      }
       std::copy_n(order.begin(), k, selected + t * topk);
       count[t] = k;
     }
