@@ -43,6 +43,22 @@ std::string HybridModel() {
   return dir;
 }
 
+// The same shape with GLM-5.3-Flash's other parts: four residual streams
+// (hyper-connections) and the pooled indexer (pools of 4 of its 8 picks).
+std::string FullHybridModel() {
+  static const std::string dir = [] {
+    auto o = worker::SyntheticPreset("glm5-next-tiny");
+    EXPECT_TRUE(o.ok());
+    o->out_dir = ::testing::TempDir() + "/rl_hybrid_full_e2e_" + std::to_string(getpid());
+    o->index_topk = 8;
+    o->index_kpool = 4;
+    o->hc_mult = 4;
+    EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
+    return o->out_dir;
+  }();
+  return dir;
+}
+
 struct Outcome {
   std::vector<testing::CallOut> solo, together;
   double drafted = 0, rejected = 0, preemptions = 0;
@@ -150,17 +166,27 @@ std::vector<int32_t> Prompt(int seed, int n) {
 // sent again; the resend resumes from the kvstore at the last checkpoint the
 // store holds (96, a multiple of the 32-token interval that is decoupled
 // from the block size).
-class HybridKvstore : public ::testing::TestWithParam<int> {};
+struct KvstoreCase {
+  int world = 1;
+  bool full = false;  // FullHybridModel
+};
+
+class HybridKvstore : public ::testing::TestWithParam<KvstoreCase> {};
 
 TEST_P(HybridKvstore, AnEvictedPrefixResumesFromTheKvstoreAtItsCheckpoint) {
   auto kv = testing::StartKvstore({});
   ASSERT_NE(kv, nullptr);
   testing::ClusterOptions co;
-  co.world = GetParam();  // under TP every rank stores its heads' state
-  co.worker_flags = {
-      "--model=" + HybridModel(), "--state_slots=3",  "--dsa_dense_window=20",
-      "--kv_blocks=12",           "--block_size=16",  "--state_checkpoint_interval=32",
-      "--state_checkpoints=4",    "--metrics_port=0", "--kvstore=" + kv->address("kvstore")};
+  co.world = GetParam().world;  // under TP every rank stores its heads' state
+  co.worker_flags = {"--model=" + (GetParam().full ? FullHybridModel() : HybridModel()),
+                     "--state_slots=3",
+                     "--dsa_dense_window=20",
+                     "--kv_blocks=12",
+                     "--block_size=16",
+                     "--state_checkpoint_interval=32",
+                     "--state_checkpoints=4",
+                     "--metrics_port=0",
+                     "--kvstore=" + kv->address("kvstore")};
   co.router_flags = {"--round_token_budget=40"};
   auto c = testing::StartCluster(co);
   ASSERT_NE(c, nullptr);
@@ -202,7 +228,15 @@ TEST_P(HybridKvstore, AnEvictedPrefixResumesFromTheKvstoreAtItsCheckpoint) {
   EXPECT_GT(c->workers->RankMetric("ringlane_worker_kvstore_state_checkpoints_offloaded_total"), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, HybridKvstore, ::testing::Values(1, 2));
+// The full model's pooled indexer reads its gate scores from the restored
+// latent rows.
+INSTANTIATE_TEST_SUITE_P(Models, HybridKvstore,
+                         ::testing::Values(KvstoreCase{1, false}, KvstoreCase{2, false},
+                                           KvstoreCase{2, true}),
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.full ? "full_" : "", "tp",
+                                               info.param.world);
+                         });
 
 // What the worker cannot run yet for this model, it refuses at start.
 TEST(HybridE2e, WorkerRefusesWhatNeedsStateCheckpoints) {

@@ -48,6 +48,20 @@ v1::RestoreKvBlocksRequest Restore(const std::vector<std::pair<int32_t, char>>& 
   return r;
 }
 
+// Waits for the store to hold `blocks` blocks (uploads are asynchronous),
+// then a while longer, and checks that no more arrived.
+void ExpectStoreSettlesAt(const testing::Daemon& kv, int64_t blocks) {
+  auto client = testing::KvClient(kv);
+  ASSERT_TRUE(testing::PollUntil([&] {
+    auto s = client->Stats();
+    return s.ok() && s->blocks_stored() >= blocks;
+  })) << "the offloads never reached the store";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto stats = client->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->blocks_stored(), blocks);
+}
+
 grpc::Status CallRestore(const std::string& address, const v1::RestoreKvBlocksRequest& req,
                          v1::RestoreKvBlocksResponse* resp) {
   auto stub = testing::WorkerStub(address);
@@ -145,16 +159,8 @@ TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
   }
   auto rn = ca->Run(next);
   ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
-  auto client = testing::KvClient(*kv);
-  ASSERT_TRUE(testing::PollUntil([&] {
-    auto s = client->Stats();
-    return s.ok() && s->blocks_stored() == 2;
-  })) << "the offloads never reached the store";
   // Rank 1 wrote nothing of its own: still one copy per block.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  auto stats = client->Stats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->blocks_stored(), 2);
+  ExpectStoreSettlesAt(*kv, 2);
 
   for (int r = 0; r < 2; ++r) {
     v1::RestoreKvBlocksResponse resp;
@@ -217,15 +223,8 @@ TEST(WorkerKvstoreTest, StateCheckpointsTravelWithTheirBlocks) {
   offload(2, 'r', 1, 48);  // slot 1 holds no state of 48 positions
   auto rn = ca->Run(next);
   ASSERT_TRUE(rn.ok() && rn->error().code() == 0);
-  auto client = testing::KvClient(*kv);
-  ASSERT_TRUE(testing::PollUntil([&] {
-    auto s = client->Stats();
-    return s.ok() && s->blocks_stored() == 4;
-  })) << "the offloads never reached the store";
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  auto stats = client->Stats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->blocks_stored(), 4) << "p and q on each rank, never r";
+  // p and q on each rank, never r.
+  ExpectStoreSettlesAt(*kv, 4);
 
   auto restore = [](int64_t position) {
     v1::RestoreKvBlocksRequest r = Restore({{7, 'p'}, {3, 'q'}});
