@@ -102,6 +102,7 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
   }
   applied.sampling_rows = result.outputs_size();
   sink.OnSamplingRows(applied.sampling_rows);
+  sink.OnVerified(accepted);
   // Roll back and commit before the tokens can finish and release a lane, so
   // a finished request's blocks stay cached for a resend.
   for (size_t i = 0; i < round.rows.size(); ++i) {

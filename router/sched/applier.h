@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "ringlane/v1/worker.pb.h"
 #include "router/kv/kv_block_manager.h"
 #include "router/sched/lane.h"
@@ -32,6 +33,9 @@ class ResultSink {
   // client (a client that has its last token reads counters that include
   // its rows).
   virtual void OnSamplingRows(int64_t rows) {}
+  // Drafts each row of the planned round kept (PlannedRound::rows order; 0
+  // for rows without drafts), also before any token reaches a client.
+  virtual void OnVerified(absl::Span<const int64_t> accepted_by_row) {}
   // `count` tokens of `lane` arrived together (before OnToken for each).
   virtual void OnLaneTokens(Lane& lane, int count) {}
   // One sampled token; true when it finished the lane's choice.

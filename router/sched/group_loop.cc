@@ -1,6 +1,7 @@
 #include "router/sched/group_loop.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <utility>
@@ -43,13 +44,17 @@ double Us(Clock::time_point t) {
 class GroupLoop::Sink final : public ResultSink {
  public:
   Sink(const Tokenizer& tokenizer, Clock::time_point now, bool keep_finished,
-       prometheus::Counter* sampling_rows)
+       prometheus::Counter* sampling_rows, std::function<void(absl::Span<const int64_t>)> verified)
       : tokenizer_(tokenizer),
         now_(now),
         keep_finished_(keep_finished),
-        sampling_rows_(sampling_rows) {}
+        sampling_rows_(sampling_rows),
+        verified_(std::move(verified)) {}
   void OnSamplingRows(int64_t rows) override {
     if (sampling_rows_ != nullptr) sampling_rows_->Increment(static_cast<double>(rows));
+  }
+  void OnVerified(absl::Span<const int64_t> accepted_by_row) override {
+    if (verified_) verified_(accepted_by_row);
   }
   void OnLaneTokens(Lane& lane, int count) override {
     NoteTokenTimes(*lane.req, lane.choice, count, now_);
@@ -71,6 +76,7 @@ class GroupLoop::Sink final : public ResultSink {
   const Clock::time_point now_;
   const bool keep_finished_;
   prometheus::Counter* const sampling_rows_;
+  const std::function<void(absl::Span<const int64_t>)> verified_;
 };
 
 GroupLoop::GroupLoop(GroupLoopOptions options, GroupLoopHooks hooks, const Tokenizer* tokenizer)
@@ -386,7 +392,11 @@ std::string GroupLoop::LogLine(const PlannedRound& round, int64_t in_flight) con
 
 void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, double busy_us,
                       RoundObservation* observed) {
-  Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr, metrics_.sampling_rows);
+  // The speculation counters are recorded before a client can have its last
+  // token (and read /metrics): drafted == accepted + rejected at any read.
+  Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr, metrics_.sampling_rows,
+            [&](absl::Span<const int64_t> accepted)
+                ABSL_NO_THREAD_SAFETY_ANALYSIS { RecordVerifyMetrics(round.round, accepted); });
   const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
   // A client may read the metrics the moment it has its last token.
   UpdateGauges();
@@ -427,14 +437,23 @@ void GroupLoop::DeliverProposals(const v1::RoundResult& result) {
 
 void GroupLoop::RecordVerify(const PlannedRound& round, const AppliedRound& applied) {
   if (hooks_.drafter == nullptr) return;
-  int64_t verify_rows = 0;
   for (size_t i = 0; i < round.rows.size(); ++i) {
     const PlannedRow& row = round.rows[i];
     if (row.drafts == 0) continue;
-    ++verify_rows;
-    const int64_t accepted = applied.accepted_by_row[i];
     hooks_.drafter->OnVerified(row.lane, row.draft_source, static_cast<int>(row.drafts),
-                               static_cast<int>(accepted));
+                               static_cast<int>(applied.accepted_by_row[i]));
+  }
+}
+
+void GroupLoop::RecordVerifyMetrics(const PlannedRound& round,
+                                    absl::Span<const int64_t> accepted_by_row) {
+  if (hooks_.drafter == nullptr) return;
+  int64_t verify_rows = 0;
+  for (size_t i = 0; i < round.rows.size() && i < accepted_by_row.size(); ++i) {
+    const PlannedRow& row = round.rows[i];
+    if (row.drafts == 0) continue;
+    ++verify_rows;
+    const int64_t accepted = accepted_by_row[i];
     if (row.draft_source < 0 || row.draft_source >= static_cast<int>(metrics_.spec.size())) {
       continue;
     }

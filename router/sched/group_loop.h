@@ -143,6 +143,10 @@ class GroupLoop {
   void DeliverProposals(const ringlane::v1::RoundResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordVerify(const PlannedRound& round, const AppliedRound& applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The speculation counters of a round's verify rows (from the sink, before
+  // any of the round's tokens reaches a client).
+  void RecordVerifyMetrics(const PlannedRound& round, absl::Span<const int64_t> accepted_by_row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string LogLine(const PlannedRound& round, int64_t in_flight) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailAll(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
