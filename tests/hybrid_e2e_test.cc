@@ -31,31 +31,30 @@ namespace {
 namespace v1 = ringlane::v1;
 using ::testing::HasSubstr;
 
+// glm5-next-tiny (indexer top-8) written once per process; `full` adds
+// GLM-5.3-Flash's other parts: four residual streams (hyper-connections) and
+// the pooled indexer (pools of 4 of its 8 picks).
+std::string WriteHybridModel(bool full) {
+  auto o = worker::SyntheticPreset("glm5-next-tiny");
+  EXPECT_TRUE(o.ok());
+  o->out_dir = ::testing::TempDir() + (full ? "/rl_hybrid_full_e2e_" : "/rl_hybrid_e2e_") +
+               std::to_string(getpid());
+  o->index_topk = 8;
+  if (full) {
+    o->index_kpool = 4;
+    o->hc_mult = 4;
+  }
+  EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  return o->out_dir;
+}
+
 std::string HybridModel() {
-  static const std::string dir = [] {
-    auto o = worker::SyntheticPreset("glm5-next-tiny");
-    EXPECT_TRUE(o.ok());
-    o->out_dir = ::testing::TempDir() + "/rl_hybrid_e2e_" + std::to_string(getpid());
-    o->index_topk = 8;
-    EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
-    return o->out_dir;
-  }();
+  static const std::string dir = WriteHybridModel(false);
   return dir;
 }
 
-// The same shape with GLM-5.3-Flash's other parts: four residual streams
-// (hyper-connections) and the pooled indexer (pools of 4 of its 8 picks).
 std::string FullHybridModel() {
-  static const std::string dir = [] {
-    auto o = worker::SyntheticPreset("glm5-next-tiny");
-    EXPECT_TRUE(o.ok());
-    o->out_dir = ::testing::TempDir() + "/rl_hybrid_full_e2e_" + std::to_string(getpid());
-    o->index_topk = 8;
-    o->index_kpool = 4;
-    o->hc_mult = 4;
-    EXPECT_TRUE(worker::WriteSyntheticModel(*o).ok());
-    return o->out_dir;
-  }();
+  static const std::string dir = WriteHybridModel(true);
   return dir;
 }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,20 @@ void ExpectStoreSettlesAt(const testing::Daemon& kv, int64_t blocks) {
   auto stats = client->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->blocks_stored(), blocks);
+}
+
+// The synthetic `preset` written under a directory of its own (`tag`);
+// nullopt, after a failed expectation, when it cannot be.
+std::optional<worker::SyntheticModelOptions> WrittenPreset(const std::string& preset,
+                                                           const std::string& tag) {
+  absl::StatusOr<worker::SyntheticModelOptions> o = worker::SyntheticPreset(preset);
+  EXPECT_TRUE(o.ok()) << o.status();
+  if (!o.ok()) return std::nullopt;
+  o->out_dir = ::testing::TempDir() + "/rl_kvstore_" + tag + "_" + std::to_string(getpid());
+  const absl::Status st = worker::WriteSyntheticModel(*o);
+  EXPECT_TRUE(st.ok()) << st;
+  if (!st.ok()) return std::nullopt;
+  return *o;
 }
 
 grpc::Status CallRestore(const std::string& address, const v1::RestoreKvBlocksRequest& req,
@@ -131,10 +146,8 @@ TEST(WorkerKvstoreTest, OffloadedBlocksRestoreIntoAnotherGroupAndDecodeTheSame) 
 // every rank of another group restores them from that one copy and decodes
 // the same token with the same log-probability.
 TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
-  auto o = worker::SyntheticPreset("glm5-tiny");
-  ASSERT_TRUE(o.ok());
-  o->out_dir = ::testing::TempDir() + "/rl_kvstore_latent_" + std::to_string(getpid());
-  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  const std::optional<worker::SyntheticModelOptions> o = WrittenPreset("glm5-tiny", "latent");
+  ASSERT_TRUE(o.has_value());
   auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
   ASSERT_NE(kv, nullptr);
   const std::vector<std::string> flags = {"--kv_blocks=16", "--block_size=16",
@@ -182,10 +195,8 @@ TEST(WorkerKvstoreTest, LatentBlocksAreStoredOnceForAllRanks) {
 // that expects another position stops before writing anything; the restored
 // block and checkpoint resume a lane with the same token and log-probability.
 TEST(WorkerKvstoreTest, StateCheckpointsTravelWithTheirBlocks) {
-  auto o = worker::SyntheticPreset("glm5-next-tiny");
-  ASSERT_TRUE(o.ok());
-  o->out_dir = ::testing::TempDir() + "/rl_kvstore_state_" + std::to_string(getpid());
-  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  const std::optional<worker::SyntheticModelOptions> o = WrittenPreset("glm5-next-tiny", "state");
+  ASSERT_TRUE(o.has_value());
   auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
   ASSERT_NE(kv, nullptr);
   const std::vector<std::string> flags = {"--kv_blocks=16",
@@ -261,10 +272,8 @@ TEST(WorkerKvstoreTest, StateCheckpointsTravelWithTheirBlocks) {
 // (together one copy of the latent, not one per rank), and a group of the
 // same split restored from them decodes the same token and log-probability.
 TEST(WorkerKvstoreTest, ContextParallelBlocksAreStoredPerRankAndRestore) {
-  auto o = worker::SyntheticPreset("glm5-tiny");
-  ASSERT_TRUE(o.ok());
-  o->out_dir = ::testing::TempDir() + "/rl_kvstore_dcp_" + std::to_string(getpid());
-  ASSERT_TRUE(worker::WriteSyntheticModel(*o).ok());
+  const std::optional<worker::SyntheticModelOptions> o = WrittenPreset("glm5-tiny", "dcp");
+  ASSERT_TRUE(o.has_value());
   auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
   ASSERT_NE(kv, nullptr);
   const std::vector<std::string> flags = {"--kv_blocks=16", "--block_size=16",

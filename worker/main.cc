@@ -409,12 +409,7 @@ int main(int argc, char** argv) {
       dcp ? absl::StrCat("latent, 1 position in ", world, ": decode context parallel")
           : std::string(rw::IsMla(cfg) ? "latent" : "K/V"),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  int64_t state_bytes_per_slot = 0;
-  for (const rw::LayerCacheSpec& c : *layer_caches) {
-    if (c.kind == rw::CacheKind::kRecurrentState) {
-      state_bytes_per_slot += c.state_floats * static_cast<int64_t>(sizeof(float));
-    }
-  }
+  const int64_t state_bytes_per_slot = rw::StateBytesPerSlot(*layer_caches);
   if (state_bytes_per_slot > 0) {
     RL_LOG(INFO) << absl::StrFormat(
         "recurrent state: %d slots and %d checkpoints (every %d positions) x %.2f MiB (every "

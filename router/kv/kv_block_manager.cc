@@ -311,7 +311,7 @@ absl::StatusOr<int32_t> KvBlockManager::CheckpointFor(LaneId lane, int64_t posit
   auto it = lanes_.find(lane);
   if (it == lanes_.end()) return absl::NotFoundError(absl::StrCat("unknown lane ", lane));
   const Lane& l = it->second;
-  if (state_checkpoints_ == 0 || position <= 0 || position % checkpoint_interval_ != 0 ||
+  if (!CheckpointPosition(position) ||
       position > static_cast<int64_t>(l.blocks.size()) * block_size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("no state checkpoint at position ", position, " of lane ", lane));

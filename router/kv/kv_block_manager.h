@@ -219,6 +219,11 @@ class KvBlockManager {
   absl::StatusOr<int32_t> CheckpointFor(LaneId lane, int64_t position, bool pin = false);
   void UnpinCheckpoint(int32_t slot);
   bool checkpoints() const { return state_checkpoints_ > 0; }
+  // Whether a checkpoint belongs at `position` (a positive multiple of the
+  // interval); false without checkpoints.
+  bool CheckpointPosition(int64_t position) const {
+    return state_checkpoints_ > 0 && position > 0 && position % checkpoint_interval_ == 0;
+  }
   int64_t checkpoint_interval() const { return checkpoint_interval_; }
 
   // Grows `lane`'s table to cover positions [0, num_positions); a smaller

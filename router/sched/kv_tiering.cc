@@ -73,13 +73,12 @@ void KvTiering::AddOffloads(KvBlockManager& kv, v1::RoundPlan* plan) {
   while (pending_.size() > options_.max_pending_offloads) pending_.pop_front();
   if (plan->rows_size() == 0) return;  // not sent: the evicted ones are lost
   int added = 0;
-  const int64_t every = kv.checkpoints() ? kv.checkpoint_interval() : 0;
   // One entry per hash not offloaded (or restored) recently. With recurrent
   // layers a block that ends at a checkpoint position is stored with its
   // checkpoint or not at all (a store entry is KV and state, or a resume
   // there would lack the state); the ledger may have handed the slot on.
   auto add = [&](BlockId block, const BlockHash& hash, int32_t checkpoint, int64_t end) {
-    const bool needs_state = every > 0 && end % every == 0;
+    const bool needs_state = kv.CheckpointPosition(end);
     if (needs_state && checkpoint < 0) return;
     std::string bytes = hash.Bytes();
     if (remembered_set_.count(bytes) != 0) return;
@@ -134,8 +133,10 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
   // ones but a last token, which is always fed; with recurrent layers, up to
   // the last checkpoint position among them (a resume needs the state).
   int64_t matchable = (static_cast<int64_t>(seq.size()) - 1) / bs;
-  const int64_t every = kv.checkpoints() ? kv.checkpoint_interval() : 0;
-  if (every > 0) matchable = matchable * bs / every * every / bs;
+  if (kv.checkpoints()) {
+    const int64_t every = kv.checkpoint_interval();
+    matchable = matchable * bs / every * every / bs;
+  }
   const int64_t cached = static_cast<int64_t>(kv.MatchPrefix(seq).block_ids.size());
   if (matchable <= cached) return;
   Job job;
@@ -163,7 +164,7 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
     b->set_block_id((*table)[static_cast<size_t>(i)]);
     b->set_prefix_hash(hashes[static_cast<size_t>(i)].Bytes());
     const int64_t end = (i + 1) * bs;
-    if (every > 0 && end % every == 0) {
+    if (kv.CheckpointPosition(end)) {
       // The restore writes the slot outside the plans: pinned until Finish,
       // so that no plan hands it to another block meanwhile.
       absl::StatusOr<int32_t> slot = kv.CheckpointFor(job.placeholder, end, /*pin=*/true);

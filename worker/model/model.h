@@ -359,6 +359,16 @@ struct LayerCacheSpec {
   int64_t state_floats = 0;
 };
 
+// Bytes of one lane's recurrent state over every layer (a state slot, and a
+// checkpoint): 0 for a model without recurrent layers.
+inline int64_t StateBytesPerSlot(const std::vector<LayerCacheSpec>& caches) {
+  int64_t floats = 0;
+  for (const LayerCacheSpec& c : caches) {
+    if (c.kind == CacheKind::kRecurrentState) floats += c.state_floats;
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 // Keeps a file mapped for as long as any ModelWeights points into it.
 class MappedFile {
  public:

@@ -53,12 +53,8 @@ WorkerService::WorkerService(GroupMember* group, const ModelConfig& config,
       layer_caches_(std::move(layer_caches)),
       id_(std::move(id)),
       metrics_(metrics),
-      kvstore_(kvstore) {
-  for (const LayerCacheSpec& c : layer_caches_) {
-    if (c.kind == CacheKind::kRecurrentState) {
-      state_bytes_ += c.state_floats * static_cast<int64_t>(sizeof(float));
-    }
-  }
+      kvstore_(kvstore),
+      state_bytes_(StateBytesPerSlot(layer_caches_)) {
   // A block stored with its state checkpoint is another payload under the
   // same chain hash: its own fingerprint keeps the two from aliasing.
   const std::string desc = absl::StrCat("ringlane-kv-state-checkpoint-v1;",
@@ -89,15 +85,13 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
   info->set_backend(id_.backend);
   info->set_bos_token_id(config_.bos_id);
   info->set_eos_token_id(config_.eos_id);
-  int64_t state_floats = 0;
   for (const LayerCacheSpec& c : layer_caches_) {
     // The engine's CacheKind values are the proto's (checked in graph/llama.cc).
     info->add_layer_cache_kinds(static_cast<v1::CacheKind>(c.kind));
-    if (c.kind == CacheKind::kRecurrentState) state_floats += c.state_floats;
   }
-  if (state_floats > 0) {
+  if (state_bytes_ > 0) {
     info->set_state_slots(kv_pool_.state_slots);
-    info->set_state_bytes_per_slot(state_floats * static_cast<int64_t>(sizeof(float)));
+    info->set_state_bytes_per_slot(state_bytes_);
     info->set_state_checkpoints(kv_pool_.state_checkpoints);
     info->set_state_checkpoint_interval(kv_pool_.state_checkpoint_interval);
   }

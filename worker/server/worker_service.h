@@ -92,7 +92,7 @@ class WorkerService final : public ringlane::v1::Worker::Service {
   const WorkerIdentity id_;
   WorkerMetrics* const metrics_;
   KvStoreLink* const kvstore_;
-  int64_t state_bytes_ = 0;  // one lane's recurrent state (0: no recurrent layers)
+  const int64_t state_bytes_;  // one lane's recurrent state (0: no recurrent layers)
   uint64_t checkpoint_layout_fingerprint_ = 0;
   std::atomic<bool> stream_open_{false};
   std::atomic<bool> draining_{false};

@@ -135,6 +135,8 @@ class CpuOps final : public ComputeOps {
   // IndexerSelect's keys of one sequence, [n][index dim] and transposed, and
   // one row's scores.
   std::vector<float> index_keys_, index_kt_, index_scores_;
+  // HyperPost's copy of one row's streams before they are rewritten.
+  std::vector<float> hyper_old_;
   // KdaMix's per-thread q, k, v, decay and delta of one head.
   std::vector<std::vector<float>> kda_buf_;
 };

@@ -85,7 +85,8 @@ void CpuOps::HyperPre(const HyperArgs& a, const float* streams, const float* mix
 void CpuOps::HyperPost(const float* o, const float* coeffs, int mult, int64_t dim, int rows,
                        float* streams) {
   const int n = mult;
-  std::vector<float> old(static_cast<size_t>(n) * dim);
+  std::vector<float>& old = hyper_old_;
+  old.resize(static_cast<size_t>(n) * dim);
   for (int t = 0; t < rows; ++t) {
     float* s = streams + int64_t{t} * n * dim;
     std::memcpy(old.data(), s, old.size() * sizeof(float));
