@@ -60,14 +60,18 @@ std::string FullHybridModel() {
 
 struct Outcome {
   std::vector<testing::CallOut> solo, together;
+  testing::CallOut crowd;
   double drafted = 0, rejected = 0, preemptions = 0;
+  double crowd_preemptions = 0;  // of the crowd call alone
 };
 
 // The requests one at a time, then all five at once (resends of the same
 // prompts), on a fresh cluster with the router's `spec_flags`.
+// With `crowd`, that request last (Outcome::crowd).
 Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
                     const std::vector<std::string>& spec_flags,
-                    const std::vector<std::string>& worker_flags = {}) {
+                    const std::vector<std::string>& worker_flags = {},
+                    const v1::GenerateRequest* crowd = nullptr) {
   Outcome out;
   testing::ClusterOptions co;
   co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
@@ -86,6 +90,17 @@ Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
     threads.emplace_back([&, i] { out.together[i] = testing::Call(*c->stub, requests[i]); });
   }
   for (std::thread& t : threads) t.join();
+  if (crowd != nullptr) {
+    auto before = testing::GetOnce(c->http(), "/metrics");
+    EXPECT_TRUE(before.ok());
+    out.crowd = testing::Call(*c->stub, *crowd);
+    auto after = testing::GetOnce(c->http(), "/metrics");
+    EXPECT_TRUE(after.ok());
+    if (before.ok() && after.ok()) {
+      out.crowd_preemptions = testing::Metric(after->body, "ringlane_preemptions_total") -
+                              testing::Metric(before->body, "ringlane_preemptions_total");
+    }
+  }
   auto metrics = testing::GetOnce(c->http(), "/metrics");
   EXPECT_TRUE(metrics.ok());
   if (metrics.ok()) {
@@ -114,8 +129,15 @@ TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
   const Outcome off = RunRequests(requests, {"--spec_drafters=none"});
   // A pool of 10 blocks for three lanes of 3 to 6 blocks each: lanes
   // are preempted and come back as new lanes that resume from the
-  // checkpoints of what they had computed.
-  const Outcome tight = RunRequests(requests, {"--spec_drafters=none"}, {"--kv_blocks=10"});
+  // checkpoints of what they had computed. How much the five concurrent
+  // calls overlap depends on the machine's load; the three choices of one
+  // call start together and need 18 blocks at their ends, so that call
+  // preempts whatever the timing.
+  v1::GenerateRequest crowd = requests[4];
+  crowd.set_n(3);
+  crowd.set_logprobs(false);
+  crowd.mutable_sampling()->set_top_logprobs(0);
+  const Outcome tight = RunRequests(requests, {"--spec_drafters=none"}, {"--kv_blocks=10"}, &crowd);
   // Drafts every step, however badly they fare: rejected drafts rewind the
   // lanes' states (the workers feed the kept tokens again).
   const Outcome on = RunRequests(
@@ -123,7 +145,12 @@ TEST(HybridE2e, ConcurrentEqualsSoloAndSpeculationChangesNothing) {
   ASSERT_EQ(off.solo.size(), requests.size());
   ASSERT_EQ(on.solo.size(), requests.size());
   ASSERT_EQ(tight.together.size(), requests.size());
-  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_GT(tight.crowd_preemptions, 0);
+  ASSERT_TRUE(tight.crowd.status.ok()) << tight.crowd.status.error_message();
+  ASSERT_EQ(tight.crowd.choices.size(), 3u);
+  for (const auto& [index, choice] : tight.crowd.choices) {
+    EXPECT_EQ(choice.ids, off.solo[4].choices.at(0).ids) << "choice " << index;
+  }
   EXPECT_EQ(off.drafted, 0);
   EXPECT_GT(on.drafted, 0);
   EXPECT_GT(on.rejected, 0);
