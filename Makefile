@@ -24,7 +24,7 @@ WORLD ?= 2
 SPEC_DRAFTERS ?= ngram,suffix
 
 .PHONY: all deps configure build test serve generate asan asan-clang fuzz-build fuzz-targets bench-peer \
-	fuzz fuzz-smoke bench bench-context bench-hybrid kvstore-bench soak monitor image-cpu image-cuda format clean
+	fuzz fuzz-smoke bench bench-context bench-hybrid bench-kda kvstore-bench soak monitor image-cpu image-cuda format clean
 
 all: build
 
@@ -144,6 +144,10 @@ kvstore-bench: build
 # cold and resent (resumed from its state checkpoint).
 bench-hybrid: build
 	@tools/hybrid_resend_bench.sh $(BUILD) 1200 3
+
+# Prefill with the KDA layers recurrent and chunked (--kda_chunk), side by side.
+bench-kda: build
+	@tools/kda_chunk_bench.sh $(BUILD) 2048 3 64
 
 # Issue 13's soak: 5 streams for SOAK_SECONDS (600) against a local TP2
 # cluster; RSS and open descriptors of every daemon must stay flat.

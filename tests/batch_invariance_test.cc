@@ -147,6 +147,9 @@ struct DeepseekCase {
   float linear_lower_bound = 0.0f;
   int hc_mult = 1;      // glm5_next: hyper-connections' residual streams
   int index_kpool = 1;  // glm5_next: the pooled indexer
+  // glm5_next: the KDA chunk (0: every position through the recurrence);
+  // the planner cuts prefill at its multiples.
+  int kda_chunk = 0;
 };
 
 class DeepseekInvariance : public ::testing::TestWithParam<DeepseekCase> {};
@@ -173,6 +176,7 @@ TEST_P(DeepseekInvariance, ConcurrentEqualsSolo) {
                                                [&](worker::ModelConfig& config) {
                                                  if (c.dense_window > 0)
                                                    config.indexer.dense_window = c.dense_window;
+                                                 config.linear.chunk = c.kda_chunk;
                                                });
   ASSERT_TRUE(backend.ok()) << backend.status();
   std::vector<std::vector<int32_t>> prompts;
@@ -208,7 +212,14 @@ INSTANTIATE_TEST_SUITE_P(
         // The pooled indexer (pools of 2 positions, their gate scores in the
         // FP8 latent rows) past its window.
         DeepseekCase{"glm5_next_pooled_indexer_fp8_kv", "glm5-next-tiny", worker::DType::kBF16,
-                     worker::DType::kFP8E4M3, 12, "", 0.0f, 1, 2}),
+                     worker::DType::kFP8E4M3, 12, "", 0.0f, 1, 2},
+        // The chunked KDA form: chunks of 4 (budgets of 5, 8 and 16 cut
+        // prompts anywhere; the planner cuts them at chunk ends), and
+        // chunks of 8 (more than a budget of 5: one chunk a round).
+        DeepseekCase{"glm5_next_chunked", "glm5-next-tiny", worker::DType::kBF16,
+                     worker::DType::kBF16, 12, "", 0.0f, 1, 1, 4},
+        DeepseekCase{"glm5_next_chunked_hyper_lower_bound", "glm5-next-tiny", worker::DType::kBF16,
+                     worker::DType::kBF16, 0, "", -5.0f, 4, 1, 8}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -74,8 +74,11 @@ Outcome RunRequests(const std::vector<v1::GenerateRequest>& requests,
                     const v1::GenerateRequest* crowd = nullptr) {
   Outcome out;
   testing::ClusterOptions co;
+  // Chunks of 8 under a budget of 24: the planner cuts prompts (12 to 48
+  // tokens) at chunk ends, and the tails past the last whole chunk and every
+  // generated token go through the recurrence.
   co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
-                     "--state_checkpoint_interval=16"};
+                     "--state_checkpoint_interval=16", "--kda_chunk=8"};
   co.worker_flags.insert(co.worker_flags.end(), worker_flags.begin(), worker_flags.end());
   co.router_flags = {"--round_token_budget=24", "--max_lanes=8"};
   co.router_flags.insert(co.router_flags.end(), spec_flags.begin(), spec_flags.end());
@@ -210,6 +213,7 @@ TEST_P(HybridKvstore, AnEvictedPrefixResumesFromTheKvstoreAtItsCheckpoint) {
                      "--kv_blocks=12",
                      "--block_size=16",
                      "--state_checkpoint_interval=32",
+                     "--kda_chunk=16",
                      "--state_checkpoints=4",
                      "--metrics_port=0",
                      "--kvstore=" + kv->address("kvstore")};
@@ -279,6 +283,55 @@ TEST(HybridE2e, WorkerRefusesWhatNeedsStateCheckpoints) {
                          {model, "--state_checkpoint_interval=24", "--listen=127.0.0.1:0"});
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--state_checkpoint_interval"));
+  // A prefix hit resumes at a checkpoint, which must end a chunk.
+  r = testing::RunToExit(testing::kWorkerBin, {model, "--state_checkpoint_interval=32",
+                                               "--kda_chunk=24", "--listen=127.0.0.1:0"});
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--kda_chunk"));
+}
+
+// The next turn of a conversation sends the last prompt, the reply and more.
+// The reply's positions ran through the recurrence, where a cold run of the
+// new prompt runs whole chunks chunked: the two agree only to rounding, so
+// the new prompt reuses the blocks and checkpoint its first turn computed
+// in chunks, and recomputes the reply, and its output is the cold run's bit
+// for bit.
+TEST(HybridE2e, TheNextTurnReusesOnlyWhatItsColdRunComputesAlike) {
+  const std::vector<int32_t> first = Prompt(5, 40);
+  auto request = [](const std::vector<int32_t>& p, int max_tokens) {
+    v1::GenerateRequest r = testing::GreedyRequest(p, max_tokens);
+    r.set_logprobs(true);
+    r.mutable_sampling()->set_top_logprobs(2);
+    return r;
+  };
+  testing::ClusterOptions co;
+  co.worker_flags = {"--model=" + HybridModel(), "--state_slots=3", "--dsa_dense_window=20",
+                     "--state_checkpoint_interval=16", "--kda_chunk=8"};
+  co.router_flags = {"--round_token_budget=24", "--max_lanes=8"};
+  std::vector<int32_t> next;
+  testing::CallOut warm;
+  {
+    auto c = testing::StartCluster(co);
+    ASSERT_NE(c, nullptr);
+    const testing::CallOut turn = testing::Call(*c->stub, request(first, 30));
+    ASSERT_TRUE(turn.status.ok()) << turn.status.error_message();
+    next = first;
+    next.insert(next.end(), turn.choices.at(0).ids.begin(), turn.choices.at(0).ids.end());
+    for (int i = 0; i < 10; ++i) next.push_back(3 + i * 41 % 500);
+    warm = testing::Call(*c->stub, request(next, 16));
+    ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
+  }
+  auto c = testing::StartCluster(co);
+  ASSERT_NE(c, nullptr);
+  const testing::CallOut cold = testing::Call(*c->stub, request(next, 16));
+  ASSERT_TRUE(cold.status.ok()) << cold.status.error_message();
+  EXPECT_EQ(cold.usage.cached_tokens(), 0);
+  // The first turn's blocks and checkpoints at 16 and 32 (its prompt's
+  // whole chunks end at 40); those at 48 and 64 hold the reply's positions.
+  EXPECT_EQ(warm.usage.cached_tokens(), 32);
+  EXPECT_EQ(warm.choices.at(0).ids, cold.choices.at(0).ids);
+  EXPECT_EQ(warm.choices.at(0).logprobs, cold.choices.at(0).logprobs);
+  EXPECT_EQ(warm.choices.at(0).top_logprobs, cold.choices.at(0).top_logprobs);
 }
 
 }  // namespace

@@ -199,12 +199,10 @@ TEST(WorkerKvstoreTest, StateCheckpointsTravelWithTheirBlocks) {
   ASSERT_TRUE(o.has_value());
   auto kv = testing::StartKvstore({"--dram_bytes=16777216"});
   ASSERT_NE(kv, nullptr);
-  const std::vector<std::string> flags = {"--kv_blocks=16",
-                                          "--block_size=16",
-                                          "--state_checkpoint_interval=32",
-                                          "--state_checkpoints=4",
-                                          "--kvstore=" + kv->address("kvstore"),
-                                          "--model=" + o->out_dir};
+  const std::vector<std::string> flags = {
+      "--kv_blocks=16",       "--block_size=16",       "--state_checkpoint_interval=32",
+      "--kda_chunk=16",       "--state_checkpoints=4", "--kvstore=" + kv->address("kvstore"),
+      "--model=" + o->out_dir};
   WorkerGroup a = StartGroup(2, flags);
   WorkerGroup b = StartGroup(2, flags);
   auto ca = ConnectGroup(a);

@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, model, "", "model directory or llama2.c checkpoint (requi
 ABSL_FLAG(std::string, tokens, "", "comma-separated token ids (required)");
 ABSL_FLAG(int, chunk, 16, "prefill chunk size in tokens");
 ABSL_FLAG(int, threads, 2, "engine threads");
+ABSL_FLAG(int, kda_chunk, 0,
+          "models with KDA layers: run whole chunks of this many positions (at absolute "
+          "multiples of it) in the chunked form; 0: every position through the recurrence");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, bf16 or fp8");
 ABSL_FLAG(std::string, out, "", "output file of float32 logits (required)");
 ABSL_FLAG(int, dense_window, 2051,
@@ -136,6 +139,9 @@ int main(int argc, char** argv) {
   if (!model.ok()) return die(model.status());
   if (absl::GetFlag(FLAGS_dense_window) < 1) ExitWithUsageError("--dense_window must be positive");
   (*model)->config.indexer.dense_window = absl::GetFlag(FLAGS_dense_window);
+  const int kda_chunk = absl::GetFlag(FLAGS_kda_chunk);
+  if (kda_chunk < 0 || kda_chunk > 1024) ExitWithUsageError("--kda_chunk must be in [0, 1024]");
+  (*model)->config.linear.chunk = kda_chunk;
   rw::CpuBackendOptions opt;
   opt.threads = absl::GetFlag(FLAGS_threads);
   std::shared_ptr<const rw::ModelWeights> weights(std::move(*model));
@@ -155,6 +161,8 @@ int main(int argc, char** argv) {
   std::vector<float> hidden;  // [tokens][hidden], final-normed, for --mtp_out
   rw::SeqStep seq;
   seq.state_slot = 0;
+  // Every token is the prompt's: all whole chunks may run chunked.
+  seq.linear_chunked_until = static_cast<int64_t>(tokens.size());
   for (int b = 0; b < blocks; ++b) seq.block_ids.push_back(b);
   for (size_t p = 0; p < tokens.size(); p += chunk) {
     const size_t n = std::min(tokens.size() - p, static_cast<size_t>(chunk));

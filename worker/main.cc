@@ -89,6 +89,14 @@ ABSL_FLAG(int, state_checkpoints, 64,
 ABSL_FLAG(int, state_checkpoint_interval, 256,
           "models with recurrent layers: positions between state checkpoints, a multiple of "
           "--block_size (a prefix hit resumes from the last checkpoint at or before it)");
+// 0 by default: on the CPU backend the chunked form saves nothing (the
+// recurrence is as many flops, vectorised along the value dimension; see
+// README, "KDA chunks") and costs the next turn of a conversation the
+// prefix reuse of the reply's positions.
+ABSL_FLAG(int, kda_chunk, 0,
+          "models with KDA layers: prefill runs in the chunked form over whole chunks of this "
+          "many positions at absolute multiples of it (must divide --state_checkpoint_interval); "
+          "0: every position through the recurrence");
 ABSL_FLAG(int, kv_blocks, 0,
           "KV pool size in blocks; 0 = enough for 4 sequences of the "
           "model's full context");
@@ -270,6 +278,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_state_checkpoints) > 65536) {
     ExitWithUsageError("--state_checkpoints must be in [0, 65536]");
   }
+  const int kda_chunk = absl::GetFlag(FLAGS_kda_chunk);
+  if (kda_chunk < 0 || kda_chunk > 1024) ExitWithUsageError("--kda_chunk must be in [0, 1024]");
   int kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   if (kv_blocks < 0) ExitWithUsageError("--kv_blocks must be >= 0");
   auto kv_dtype = rw::ParseDTypeFlag(absl::GetFlag(FLAGS_kv_dtype));
@@ -326,6 +336,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   (*full)->config.indexer.dense_window = dense_window;
+  if ((*full)->config.linear.heads > 0) (*full)->config.linear.chunk = kda_chunk;
   std::shared_ptr<const rw::ModelWeights> shard(std::move(*full));
   // The self-drafter views the whole model, so it is cut before sharding.
   std::shared_ptr<const rw::ModelWeights> draft;
@@ -379,6 +390,13 @@ int main(int argc, char** argv) {
     ExitWithUsageError(absl::StrCat("--state_checkpoint_interval (", checkpoint_interval,
                                     ") must be a positive multiple of the block's ", block_tokens,
                                     " tokens"));
+  }
+  if (cfg.linear.heads > 0 && kda_chunk > 0 && checkpoint_interval % kda_chunk != 0) {
+    // A prefix hit resumes at a checkpoint, where its prefill continues in
+    // whole chunks only if the checkpoint ends one.
+    ExitWithUsageError(absl::StrCat("--kda_chunk (", kda_chunk,
+                                    ") must divide --state_checkpoint_interval (",
+                                    checkpoint_interval, ")"));
   }
   const rw::KvPoolSpec pool{kv_blocks,
                             block_size,

@@ -40,6 +40,15 @@ struct SeqStep {
     int32_t slot = 0;
   };
   std::vector<StateSave> state_saves;
+  // Models with recurrent layers and a KDA chunk (LinearAttentionConfig::
+  // chunk): rows of whole chunks at absolute multiples of the chunk that end
+  // at or before this position run in the chunked form, every other row
+  // through the recurrence. The two forms agree only to rounding, so the
+  // bits of a sequence's state depend on this limit and on where its rounds
+  // cut it inside the limit: the router gives every row of a lane the same
+  // limit (the whole chunks of its request's prompt) and cuts prefill only
+  // at chunk ends below it. 0: all rows recurrent.
+  int64_t linear_chunked_until = 0;
 };
 
 // Copy KV block `src` onto `dst` (every layer, every slot) before the

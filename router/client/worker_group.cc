@@ -21,7 +21,12 @@ std::string Geometry(const v1::WorkerInfo& i) {
   return absl::StrCat("model ", i.model_id(), "@", i.model_revision(), ", group ", i.group(),
                       " epoch ", i.group_epoch(), ", world ", i.tp_world_size(), ", KV ",
                       i.kv_pool_blocks(), "x", i.block_size_tokens(), " dtype ", i.kv_dtype(),
-                      i.moe_sharding().empty() ? "" : ", experts " + i.moe_sharding());
+                      i.moe_sharding().empty() ? "" : ", experts " + i.moe_sharding(),
+                      i.state_slots() == 0 ? ""
+                                           : absl::StrCat(", state slots ", i.state_slots(),
+                                                          ", checkpoints ", i.state_checkpoints(),
+                                                          " every ", i.state_checkpoint_interval(),
+                                                          ", KDA chunk ", i.linear_chunk()));
 }
 
 }  // namespace

@@ -63,22 +63,31 @@ BlockHash ChainRoot(const BlockIdentity& identity) {
   return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
 }
 
-BlockHash ChainNext(const BlockHash& parent, absl::Span<const int32_t> block_tokens) {
+BlockHash ChainNext(const BlockHash& parent, absl::Span<const int32_t> block_tokens, int64_t tag) {
   std::string bytes = parent.Bytes();
-  bytes.reserve(bytes.size() + 4 * block_tokens.size());
+  bytes.reserve(bytes.size() + 4 * block_tokens.size() + 8);
   for (int32_t t : block_tokens) PutU32(bytes, static_cast<uint32_t>(t));
+  if (tag != 0) {
+    PutU32(bytes, static_cast<uint32_t>(static_cast<uint64_t>(tag)));
+    PutU32(bytes, static_cast<uint32_t>(static_cast<uint64_t>(tag) >> 32));
+  }
   return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
 }
 
+int64_t BlockTag(int64_t linear_chunk, int64_t end, int64_t chunked_until) {
+  return linear_chunk > 0 && end > chunked_until ? chunked_until + 1 : 0;
+}
+
 std::vector<BlockHash> ChainHashes(const BlockIdentity& identity, absl::Span<const int32_t> tokens,
-                                   size_t max_blocks) {
+                                   size_t max_blocks, int64_t linear_chunk, int64_t chunked_until) {
   std::vector<BlockHash> out;
   if (identity.block_size_tokens <= 0) return out;
   const size_t block = static_cast<size_t>(identity.block_size_tokens);
   const size_t n = std::min(max_blocks, tokens.size() / block);
   BlockHash h = ChainRoot(identity);
   for (size_t i = 0; i < n; ++i) {
-    h = ChainNext(h, tokens.subspan(i * block, block));
+    const int64_t end = static_cast<int64_t>((i + 1) * block);
+    h = ChainNext(h, tokens.subspan(i * block, block), BlockTag(linear_chunk, end, chunked_until));
     out.push_back(h);
   }
   return out;
@@ -109,6 +118,12 @@ absl::StatusOr<std::unique_ptr<KvBlockManager>> KvBlockManager::Create(Options o
         options.checkpoint_interval, ") that is a positive multiple of the block size (",
         id.block_size_tokens, ")"));
   }
+  if (options.linear_chunk < 0 || (options.linear_chunk > 0 && options.state_checkpoints > 0 &&
+                                   options.checkpoint_interval % options.linear_chunk != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the KDA chunk (", options.linear_chunk,
+        ") must be >= 0 and divide the checkpoint interval (", options.checkpoint_interval, ")"));
+  }
   if (options.hash_bits_for_testing < 0 || options.hash_bits_for_testing > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("hash bits must be in 0..128, got ", options.hash_bits_for_testing));
@@ -126,15 +141,16 @@ KvBlockManager::KvBlockManager(Options options)
       reuse_prefixes_(options.reuse_prefixes),
       state_checkpoints_(options.state_checkpoints),
       checkpoint_interval_(options.checkpoint_interval),
+      linear_chunk_(options.linear_chunk),
       root_(Truncate(ChainRoot(identity_), hash_bits_)),
       blocks_(num_blocks_) {
   Reset();
   counters_.resets = 0;
 }
 
-BlockHash KvBlockManager::HashBlock(const BlockHash& parent,
-                                    absl::Span<const int32_t> block_tokens) const {
-  return Truncate(ChainNext(parent, block_tokens), hash_bits_);
+BlockHash KvBlockManager::HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens,
+                                    int64_t tag) const {
+  return Truncate(ChainNext(parent, block_tokens, tag), hash_bits_);
 }
 
 bool KvBlockManager::LinkValid(const Link& link) const {
@@ -143,8 +159,8 @@ bool KvBlockManager::LinkValid(const Link& link) const {
   return b.registered && b.generation == link.generation;
 }
 
-KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens,
-                                                 bool partial) const {
+KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> tokens, bool partial,
+                                                 int64_t chunked_until) const {
   PrefixMatch match;
   if (!reuse_prefixes_) return match;
   // The last token is always recomputed: its logits give the first sample.
@@ -155,13 +171,15 @@ KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> token
   Link link;
   for (size_t i = 0; i < n; ++i) {
     absl::Span<const int32_t> want = tokens.subspan(i * bs, bs);
-    hash = HashBlock(hash, want);
+    const int64_t tag = BlockTag(linear_chunk_, static_cast<int64_t>((i + 1) * bs), chunked_until);
+    hash = HashBlock(hash, want, tag);
     auto it = index_.find(hash);
     if (it == index_.end()) break;
     const Block& b = blocks_[it->second];
-    // The hash only finds a candidate; the tokens and the registration link
-    // decide, so a collision is a miss and never someone else's KV.
-    if (b.parent != link ||
+    // The hash only finds a candidate; the tokens, the tag and the
+    // registration link decide, so a collision is a miss and never someone
+    // else's KV.
+    if (b.parent != link || b.tag != tag ||
         !std::equal(want.begin(), want.end(), b.tokens.begin(), b.tokens.end())) {
       break;
     }
@@ -202,8 +220,9 @@ KvBlockManager::PrefixMatch KvBlockManager::Walk(absl::Span<const int32_t> token
   return match;
 }
 
-KvBlockManager::PrefixMatch KvBlockManager::MatchPrefix(absl::Span<const int32_t> tokens) const {
-  return Walk(tokens, reuse_partial_);
+KvBlockManager::PrefixMatch KvBlockManager::MatchPrefix(absl::Span<const int32_t> tokens,
+                                                        int64_t chunked_until) const {
+  return Walk(tokens, reuse_partial_, chunked_until);
 }
 
 void KvBlockManager::AddChild(BlockId id) {
@@ -361,7 +380,8 @@ void KvBlockManager::Unregister(BlockId id) {
 }
 
 absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const int32_t> prompt,
-                                                 int64_t num_positions, bool reuse_partial) {
+                                                 int64_t num_positions, bool reuse_partial,
+                                                 int64_t chunked_until) {
   if (lanes_.contains(lane)) {
     return absl::AlreadyExistsError(absl::StrCat("lane ", lane, " already has blocks"));
   }
@@ -369,7 +389,7 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
     return absl::InvalidArgumentError(
         absl::StrCat("num_positions must be >= 0, got ", num_positions));
   }
-  PrefixMatch match = Walk(prompt, reuse_partial_ && reuse_partial);
+  PrefixMatch match = Walk(prompt, reuse_partial_ && reuse_partial, chunked_until);
   const int64_t matched = static_cast<int64_t>(match.block_ids.size());
   // Matched blocks that sit in the LRU are about to be referenced, so they
   // cannot also be evicted to make room; neither can a partial hit's source
@@ -398,6 +418,7 @@ absl::StatusOr<int64_t> KvBlockManager::Allocate(LaneId lane, absl::Span<const i
 
   Lane& l = lanes_[lane];
   l.chain_hash = root_;
+  l.chunked_until = chunked_until;
   if (state_checkpoints_ > 0 && !match.block_ids.empty()) {
     l.resume_checkpoint = blocks_[match.block_ids.back()].checkpoint;
     ++checkpoint_slots_[static_cast<size_t>(l.resume_checkpoint)].pins;
@@ -513,7 +534,9 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
 
   for (size_t i = l.committed_blocks; i < full; ++i) {
     absl::Span<const int32_t> blk = tokens.subspan(i * bs, bs);
-    const BlockHash hash = HashBlock(l.chain_hash, blk);
+    const int64_t tag =
+        BlockTag(linear_chunk_, static_cast<int64_t>((i + 1) * bs), l.chunked_until);
+    const BlockHash hash = HashBlock(l.chain_hash, blk, tag);
     // The parent registration can have been evicted meanwhile when it was
     // another lane's copy; children of a gone parent could never match.
     if (l.chain_open && !LinkValid(l.chain_link)) l.chain_open = false;
@@ -528,6 +551,7 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
         b.generation = next_generation_++;
         b.tokens.assign(blk.begin(), blk.end());
         b.end_position = static_cast<int64_t>((i + 1) * bs);
+        b.tag = tag;
         index_.emplace(hash, id);
         if (reuse_partial_) {
           Dominated(b.parent, blk, id);  // partial blocks this one extends
@@ -542,7 +566,7 @@ absl::Status KvBlockManager::CommitFullBlocks(LaneId lane, absl::Span<const int3
         }
       } else {
         Block& existing = blocks_[found->second];
-        if (existing.parent == l.chain_link &&
+        if (existing.parent == l.chain_link && existing.tag == tag &&
             std::equal(blk.begin(), blk.end(), existing.tokens.begin(), existing.tokens.end())) {
           // Same content computed twice (equal prompts in flight together):
           // keep the lane's copy private rather than swap ids under rounds

@@ -53,12 +53,22 @@ struct BlockHash {
 //   root:  XXH3-128 of "ringlane-kv-chain-v1", then model_id, model_revision,
 //          kv_dtype, layout each as u32 byte length + bytes, then
 //          block_size_tokens and tp_world_size as u32
-//   block: XXH3-128 of the parent's Bytes(), then each token id as u32
+//   block: XXH3-128 of the parent's Bytes(), then each token id as u32,
+//          then, for a tag other than 0, the tag as u64
+// A block's tag says how its KV was computed where that is not the same for
+// every chain of its tokens: with a KDA chunk (BlockTag), 0 for a block that
+// ends within its lane's chunked prefill, else that limit + 1.
 BlockHash ChainRoot(const BlockIdentity& identity);
-BlockHash ChainNext(const BlockHash& parent, absl::Span<const int32_t> block_tokens);
-// The hashes of the first min(max_blocks, tokens.size() / B) full blocks.
+BlockHash ChainNext(const BlockHash& parent, absl::Span<const int32_t> block_tokens,
+                    int64_t tag = 0);
+// The tag of a block ending at `end` of a lane whose rows run chunked
+// before `chunked_until`, under KDA chunks of `linear_chunk` (0: none).
+int64_t BlockTag(int64_t linear_chunk, int64_t end, int64_t chunked_until);
+// The hashes of the first min(max_blocks, tokens.size() / B) full blocks
+// (their tags as BlockTag's).
 std::vector<BlockHash> ChainHashes(const BlockIdentity& identity, absl::Span<const int32_t> tokens,
-                                   size_t max_blocks = std::numeric_limits<size_t>::max());
+                                   size_t max_blocks = std::numeric_limits<size_t>::max(),
+                                   int64_t linear_chunk = 0, int64_t chunked_until = 0);
 
 // Counts for metrics. Every block is in exactly one of free, in use or
 // evictable; cached counts registered blocks, in use or not.
@@ -157,6 +167,15 @@ class KvBlockManager {
     // block that has one (no token-granular hits). 0: no checkpoints.
     int32_t state_checkpoints = 0;
     int64_t checkpoint_interval = 0;
+    // Models with recurrent layers whose workers run prefill in chunks of
+    // this many positions (WorkerInfo.linear_chunk; 0: none). The chunked
+    // form agrees with the recurrence only to rounding, so what a block
+    // holds depends on which of its positions (and the ones before it) ran
+    // chunked: a lane's rows run chunked before its request's prompt rounded
+    // down to whole chunks (ChunkedUntil), and a block past that limit is
+    // registered under a hash that names the limit (BlockTag), where only a
+    // lane with the same limit finds it. It divides checkpoint_interval.
+    int64_t linear_chunk = 0;
   };
 
   // InvalidArgument for a non-positive num_blocks, block size or TP size, an
@@ -177,7 +196,7 @@ class KvBlockManager {
   // The cached prefix of `tokens` (for placement and usage reports), at most
   // all but the last token. Changes nothing: no references, no LRU refresh,
   // no counters.
-  PrefixMatch MatchPrefix(absl::Span<const int32_t> tokens) const;
+  PrefixMatch MatchPrefix(absl::Span<const int32_t> tokens, int64_t chunked_until = 0) const;
 
   // A copy the next plan must carry (RoundPlan.block_copies).
   struct BlockCopy {
@@ -197,8 +216,11 @@ class KvBlockManager {
   // position. Errors, with nothing changed: AlreadyExists for a known lane,
   // InvalidArgument for num_positions < 0, ResourceExhausted when the pool
   // cannot supply the blocks.
+  // `chunked_until`: where the lane's chunked prefill ends (ChunkedUntil);
+  // only blocks computed with the same limit are hits.
   absl::StatusOr<int64_t> Allocate(LaneId lane, absl::Span<const int32_t> prompt,
-                                   int64_t num_positions, bool reuse_partial = true);
+                                   int64_t num_positions, bool reuse_partial = true,
+                                   int64_t chunked_until = 0);
 
   // The copies queued by Allocate since the last call, in order. The plan
   // being built must carry them: its rows may read their destinations.
@@ -225,6 +247,15 @@ class KvBlockManager {
     return state_checkpoints_ > 0 && position > 0 && position % checkpoint_interval_ == 0;
   }
   int64_t checkpoint_interval() const { return checkpoint_interval_; }
+  int64_t linear_chunk() const { return linear_chunk_; }
+  // Where the chunked prefill of a lane whose request's prompt has
+  // `prompt_tokens` tokens ends: the prompt's whole chunks, the same for
+  // every lane of the request (a preempted choice's new lane included, so it
+  // recomputes its generated tokens as they were first computed); 0 without
+  // a chunk.
+  int64_t ChunkedUntil(int64_t prompt_tokens) const {
+    return linear_chunk_ > 0 ? prompt_tokens / linear_chunk_ * linear_chunk_ : 0;
+  }
 
   // Grows `lane`'s table to cover positions [0, num_positions); a smaller
   // value changes nothing (only TrimSlots shrinks a table). Errors,
@@ -341,6 +372,7 @@ class KvBlockManager {
     // position (-1: none); dropped when the block is handed out again.
     int32_t checkpoint = -1;
     int64_t end_position = 0;  // valid while registered (full blocks)
+    int64_t tag = 0;           // BlockTag, valid while registered (full blocks)
   };
 
   struct Lane {
@@ -357,6 +389,7 @@ class KvBlockManager {
     std::vector<int32_t> tail;
     // The checkpoint its first row restores (TakeResumeCheckpoint), pinned.
     int32_t resume_checkpoint = -1;
+    int64_t chunked_until = 0;  // Allocate's
   };
 
   // Registered blocks by what they continue: (parent registration, first
@@ -381,10 +414,11 @@ class KvBlockManager {
 
   explicit KvBlockManager(Options options);
 
-  BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens) const;
+  BlockHash HashBlock(const BlockHash& parent, absl::Span<const int32_t> block_tokens,
+                      int64_t tag) const;
   // Walks the cached chain of all but the last of `tokens`: full blocks,
   // then (with `partial`) the first positions of one more block.
-  PrefixMatch Walk(absl::Span<const int32_t> tokens, bool partial) const;
+  PrefixMatch Walk(absl::Span<const int32_t> tokens, bool partial, int64_t chunked_until) const;
   static ChildKey KeyOf(const Link& parent, int32_t first_token) {
     return ChildKey{
         .parent = parent.block, .generation = parent.generation, .first_token = first_token};
@@ -413,6 +447,7 @@ class KvBlockManager {
   const bool reuse_prefixes_;
   const int32_t state_checkpoints_;
   const int64_t checkpoint_interval_;
+  const int64_t linear_chunk_;
   const BlockHash root_;
 
   std::vector<Block> blocks_;

@@ -86,6 +86,13 @@ TEST(KvBlockManagerTest, CreateRejectsBadOptions) {
       {"no kv dtype", [](auto& o) { o.identity.kv_dtype = ""; }},
       {"hash bits 129", [](auto& o) { o.hash_bits_for_testing = 129; }},
       {"hash bits -1", [](auto& o) { o.hash_bits_for_testing = -1; }},
+      {"negative KDA chunk", [](auto& o) { o.linear_chunk = -1; }},
+      {"KDA chunk not dividing the checkpoint interval",
+       [](auto& o) {
+         o.state_checkpoints = 2;
+         o.checkpoint_interval = 2 * kB;
+         o.linear_chunk = 3;
+       }},
   };
   for (const Case& c : cases) {
     KvBlockManager::Options o{.num_blocks = 8, .identity = Identity()};
@@ -974,6 +981,46 @@ TEST(KvBlockManagerCheckpointTest, ADuplicateCommitGivesItsCheckpointToTheRegist
   EXPECT_EQ(*cached, kB);
   EXPECT_GE(m->TakeResumeCheckpoint(3), 0);
   ASSERT_TRUE(m->Release(3).ok());
+}
+
+// With a KDA chunk, a block past its lane's chunked prefill (the request's
+// prompt in whole chunks) holds KV of positions that ran through the
+// recurrence, where a lane with a longer limit runs them chunked: only a
+// lane with the same limit finds it, and the kvstore's keys (ChainHashes)
+// name the same blocks as the pool's.
+TEST(KvBlockManagerCheckpointTest, BlocksPastTheChunkedPrefillMatchOnlyTheSameLimit) {
+  auto m = KvBlockManager::Create({.num_blocks = 32,
+                                   .identity = Identity(),
+                                   .state_checkpoints = 8,
+                                   .checkpoint_interval = kB,
+                                   .linear_chunk = 2});
+  ASSERT_TRUE(m.ok()) << m.status();
+  KvBlockManager& kv = **m;
+  EXPECT_EQ(kv.ChunkedUntil(9), 8);
+  EXPECT_EQ(kv.ChunkedUntil(1), 0);
+  // A prompt of 2B + 1 tokens (limit 2B) and 2B - 1 generated tokens fed
+  // back: blocks 0 and 1 ran chunked, blocks 2 and 3 did not.
+  const std::vector<int32_t> seq = Seq(4 * kB + 1, 500);
+  const int64_t limit = kv.ChunkedUntil(2 * kB + 1);
+  ASSERT_TRUE(kv.Allocate(1, seq, seq.size(), true, limit).ok());
+  for (int b = 1; b <= 4; ++b) ASSERT_TRUE(kv.CheckpointFor(1, b * kB).ok());
+  ASSERT_TRUE(kv.CommitFullBlocks(1, absl::MakeConstSpan(seq).first(4 * kB)).ok());
+  const std::vector<BlockId> table = Table(kv, 1);
+  const std::vector<BlockHash> keys = ChainHashes(Identity(), seq, 4, kv.linear_chunk(), limit);
+  ASSERT_EQ(keys.size(), 4u);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(kv.RegisteredHash(table[b]), keys[b]) << "block " << b;
+  EXPECT_EQ(ChainHashes(Identity(), seq, 4)[1], keys[1]) << "a chunked block's key has no tag";
+  EXPECT_NE(ChainHashes(Identity(), seq, 4)[2], keys[2]);
+  ASSERT_TRUE(kv.Release(1).ok());
+  // The next turn (all of it prompt: limit 4B) reuses the chunked blocks.
+  EXPECT_EQ(kv.MatchPrefix(seq, kv.ChunkedUntil(seq.size())).cached_tokens, 2 * kB);
+  absl::StatusOr<int64_t> hit = kv.Allocate(2, seq, seq.size(), true, kv.ChunkedUntil(seq.size()));
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(*hit, 2 * kB);
+  ASSERT_TRUE(kv.Release(2).ok());
+  // A preempted choice of the first request comes back with the same limit
+  // and resumes after all four blocks.
+  EXPECT_EQ(kv.MatchPrefix(seq, limit).cached_tokens, 4 * kB);
 }
 
 }  // namespace

@@ -107,8 +107,9 @@ GroupLoop::Probe GroupLoop::ProbePrefix(absl::Span<const int32_t> prompt) const 
   // Whole blocks only: a hit inside a block saves less than a block of
   // prefill, and BOS alone would pull every prompt to the group that saw
   // one first, whatever its load.
-  p.cached_tokens =
-      static_cast<int64_t>(kv_->MatchPrefix(prompt).block_ids.size()) * kv_->block_size_tokens();
+  const int64_t until = kv_->ChunkedUntil(static_cast<int64_t>(prompt.size()));
+  p.cached_tokens = static_cast<int64_t>(kv_->MatchPrefix(prompt, until).block_ids.size()) *
+                    kv_->block_size_tokens();
   p.load = static_cast<int64_t>(s_.lanes.size() + s_.waiting.size());
   return p;
 }
@@ -187,6 +188,7 @@ bool GroupLoop::Connect() {
   if (recurrent) {
     o.state_checkpoints = info.state_checkpoints();
     o.checkpoint_interval = info.state_checkpoint_interval();
+    o.linear_chunk = info.linear_chunk();
   }
   auto kv = KvBlockManager::Create(o);
   if (!kv.ok()) {
@@ -216,6 +218,9 @@ bool GroupLoop::Connect() {
                  << " bytes; at most " << planner_.max_lanes << " lanes; "
                  << info.state_checkpoints() << " state checkpoints every "
                  << info.state_checkpoint_interval() << " positions, prefix hits resume from them"
+                 << (info.linear_chunk() > 0
+                         ? absl::StrCat("; prefill in KDA chunks of ", info.linear_chunk())
+                         : "")
                  << (tiered ? " and the kvstore keeps them with their blocks" : "");
   }
   epoch_ = info.group_epoch();

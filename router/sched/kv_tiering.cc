@@ -137,7 +137,8 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
     const int64_t every = kv.checkpoint_interval();
     matchable = matchable * bs / every * every / bs;
   }
-  const int64_t cached = static_cast<int64_t>(kv.MatchPrefix(seq).block_ids.size());
+  const int64_t until = kv.ChunkedUntil(static_cast<int64_t>(w.req->p.prompt.size()));
+  const int64_t cached = static_cast<int64_t>(kv.MatchPrefix(seq, until).block_ids.size());
   if (matchable <= cached) return;
   Job job;
   job.connection = connection_;
@@ -150,11 +151,12 @@ void KvTiering::Prepare(SchedState& s, KvBlockManager& kv, Waiting& w,
   // Whole blocks only: the restore writes these blocks outside the plans, so
   // no plan could order a copy into one of them.
   absl::StatusOr<int64_t> hit =
-      kv.Allocate(job.placeholder, job.tokens, matchable * bs, /*reuse_partial=*/false);
+      kv.Allocate(job.placeholder, job.tokens, matchable * bs, /*reuse_partial=*/false, until);
   if (!hit.ok()) return;  // no room now: the choice is prefilled as usual
   job.first_block = *hit / bs;
   absl::StatusOr<absl::Span<const BlockId>> table = kv.BlockTable(job.placeholder);
-  const std::vector<BlockHash> hashes = ChainHashes(kv.identity(), job.tokens);
+  const std::vector<BlockHash> hashes = ChainHashes(
+      kv.identity(), job.tokens, std::numeric_limits<size_t>::max(), kv.linear_chunk(), until);
   if (!table.ok() || hashes.size() != static_cast<size_t>(matchable)) {
     kv.Release(job.placeholder).IgnoreError();
     return;

@@ -50,6 +50,11 @@ class Planning {
            TokensAfterPlannedRounds(lane.generated_before(), lane.prompt_len, lane.fed);
   }
   void AddPrefill(Lane& lane, int64_t chunk);
+  // The prompt tokens `lane` feeds this round out of `limit`.
+  int64_t PrefillChunk(const Lane& lane, int64_t limit) const;
+  int64_t ChunkedUntil(const Lane& lane) const {
+    return kv_.ChunkedUntil(static_cast<int64_t>(lane.req->p.prompt.size()));
+  }
   // `masks`: ConstrainRow's, for a constrained lane.
   void AddDecode(Lane& lane, absl::Span<const int32_t> drafts, std::vector<std::string> masks);
   // Grammar-constrained lanes: cuts `drafts` at the first token the grammar
@@ -196,8 +201,23 @@ void Planning::AddPrefill(Lane& lane, int64_t chunk) {
                     absl::MakeConstSpan(lane.seq.data() + lane.fed, static_cast<size_t>(chunk)),
                     samples, *kv_.BlockTable(lane.id), block_size_);
   for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
+  if (kv_.linear_chunk() > 0) row->set_linear_chunked_until(ChunkedUntil(lane));
   AddStateCheckpoints(lane, row);
   Account(lane, row, chunk, 0);
+}
+
+int64_t Planning::PrefillChunk(const Lane& lane, int64_t limit) const {
+  const int64_t n = std::min(limit, lane.prompt_len - lane.fed);
+  const int64_t chunk = kv_.linear_chunk();
+  const int64_t until = ChunkedUntil(lane);
+  if (chunk <= 0 || lane.fed + n >= until) return n;
+  // Below the limit a row ends at a chunk's end, so every whole chunk runs
+  // chunked in one row however the budget falls; a budget short of one
+  // chunk still feeds one (a round at most chunk - 1 tokens over budget),
+  // so the prompt moves on.
+  const int64_t end = (lane.fed + n) / chunk * chunk;
+  if (end > lane.fed) return end - lane.fed;
+  return (lane.fed / chunk + 1) * chunk - lane.fed;
 }
 
 void Planning::AddStateCheckpoints(const Lane& lane, v1::LaneStep* row) {
@@ -375,7 +395,7 @@ void Planning::PlanPrefillRows() {
     Lane& lane = *lp;
     if (limit_ <= 0) break;
     if (lane.gone || lane.in_plan || !lane.prefilling()) continue;
-    const int64_t chunk = std::min(limit_, lane.prompt_len - lane.fed);
+    const int64_t chunk = PrefillChunk(lane, limit_);
     AddPrefill(lane, chunk);
     limit_ -= chunk;
   }
@@ -400,7 +420,8 @@ void Planning::Admit() {
     lane->seq = w.req->p.prompt;
     lane->seq.insert(lane->seq.end(), c.generated.begin(), c.generated.end());
     lane->prompt_len = static_cast<int64_t>(lane->seq.size());
-    absl::StatusOr<int64_t> cached = kv_.Allocate(lane->id, lane->seq, lane->prompt_len);
+    absl::StatusOr<int64_t> cached = kv_.Allocate(lane->id, lane->seq, lane->prompt_len,
+                                                  /*reuse_partial=*/true, ChunkedUntil(*lane));
     if (!cached.ok()) {
       if (s_.live_lanes() > 0) break;  // wait for running lanes to give blocks back
       // No amount of waiting helps: the client's request is too large for
@@ -426,7 +447,7 @@ void Planning::Admit() {
     }
     lane->fed = *cached;
     lane->committed_blocks = *cached / block_size_;
-    const int64_t chunk = std::min(limit_, lane->prompt_len - lane->fed);
+    const int64_t chunk = PrefillChunk(*lane, limit_);
     AddPrefill(*lane, chunk);
     limit_ -= chunk;
     s_.lanes.push_back(std::move(lane));

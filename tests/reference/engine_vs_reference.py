@@ -95,7 +95,26 @@ CASES = {
     # Pools of 2, one token a round past a window of 30.
     "glm5_next_pooled_decode_steps": (["--preset=glm5-next-tiny", "--index_kpool=2",
                                        "--seed=71"], 100, 1, 30),
+    # The chunked KDA form (CASE_KDA_CHUNK): chunks of 16 inside prefill
+    # rows of 64, the last 12 positions (no whole chunk) through the
+    # recurrence; glm5_next_bf16's model and tokens.
+    "glm5_next_chunked": (["--preset=glm5-next-tiny", "--seed=37"], 300, 64),
+    # Chunks of 64 (the worker's default) with the bounded gate, heads of 32.
+    "glm5_next_chunked_lower_bound_fp8": (["--preset=glm5-next-tiny", "--dtype=fp8",
+                                           "--hidden=160", "--linear_lower_bound=-5",
+                                           "--linear_head_dim=32", "--linear_conv_kernel=2",
+                                           "--layer_types=LFLL", "--seed=43"], 200, 128),
+    # Chunks of 32 under prefill rows of 48 that cut every other chunk: the
+    # cut chunks run through the recurrence (what the worker does when a
+    # row is not cut at chunk ends), with four streams and the pooled indexer.
+    "glm5_next_chunked_cut_rows": (["--preset=glm5-next-tiny", "--index_kpool=4", "--hc_mult=4",
+                                    "--seed=67"], 200, 48, 40),
 }
+
+# ringlane-logits --kda_chunk per case (0 when absent: every position through
+# the recurrence).
+CASE_KDA_CHUNK = {"glm5_next_chunked": 16, "glm5_next_chunked_lower_bound_fp8": 64,
+                  "glm5_next_chunked_cut_rows": 32}
 
 # Cases whose model is less well conditioned than TOLERANCE assumes, with the
 # bound measured on the reference alone: glm5_next_hyper_decode_steps' float64
@@ -184,7 +203,8 @@ def one_case(build, name, work):
     tokens = ",".join(str(t) for t in rng.integers(0, vocab, n_tokens))
     eng_path, ref_path = model + ".engine.f32", model + ".ref.f64"
     run([os.path.join(build, "tools/ringlane-logits"), f"--model={model}", f"--tokens={tokens}",
-         f"--chunk={chunk}", "--kv_dtype=f32", f"--dense_window={window}", f"--out={eng_path}"])
+         f"--chunk={chunk}", "--kv_dtype=f32", f"--dense_window={window}", f"--out={eng_path}",
+         f"--kda_chunk={CASE_KDA_CHUNK.get(name, 0)}"])
     run([sys.executable, os.path.join(HERE, "deepseek_reference.py"), "--model", model,
          "--tokens", tokens, "--out", ref_path, "--dense_window", str(window)])
     eng = np.fromfile(eng_path, dtype="<f4").astype(np.float64).reshape(n_tokens, -1)

@@ -49,6 +49,7 @@ class InProcessGroup final : public router::WorkerGroup {
     info_.set_kv_pool_blocks(backend->kv_pool().num_blocks);
     info_.set_block_size_tokens(backend->block_tokens());
     info_.set_tp_world_size(1);
+    info_.set_linear_chunk(backend->config().linear.chunk);
   }
 
   const v1::WorkerInfo& info() const override { return info_; }

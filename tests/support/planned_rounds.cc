@@ -92,6 +92,7 @@ absl::StatusOr<std::vector<PlannedLaneOutput>> RunPlannedRounds(
   ko.identity.kv_dtype = absl::StrCat("dtype", static_cast<int>(info.kv_dtype()));
   ko.identity.block_size_tokens = info.block_size_tokens();
   ko.identity.tp_world_size = std::max(1, info.tp_world_size());
+  ko.linear_chunk = info.linear_chunk();
   absl::StatusOr<std::unique_ptr<router::KvBlockManager>> kv = router::KvBlockManager::Create(ko);
   if (!kv.ok()) return kv.status();
 

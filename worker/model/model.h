@@ -115,6 +115,11 @@ struct LinearAttentionConfig {
   bool has_lower_bound = false;
   float lower_bound = 0.0f;
   std::vector<bool> linear_layer;  // per layer: KDA (true) or attention
+  // The serving side's choice, not the checkpoint's (the worker's
+  // --kda_chunk): prefill rows in whole chunks of this many positions at
+  // absolute multiples of it run in the chunked form (SeqStep::
+  // linear_chunked_until); 0: every row through the recurrence.
+  int chunk = 0;
 
   bool Linear(int layer) const {
     return layer < static_cast<int>(linear_layer.size()) && linear_layer[layer];

@@ -112,6 +112,7 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       return bad("use_last_sampled before the lane sampled a token");
     }
     if (row.start_position() < 0) return bad("negative start_position");
+    if (row.linear_chunked_until() < 0) return bad("negative linear_chunked_until");
     if (backend_->kv_pool().state_slots > 0 && n > 0) {
       // A recurrent state only moves forward: a row must continue exactly
       // where the lane's state stands, a new lane from position 0 or from
@@ -255,6 +256,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       s.state_slot =
           known != lanes_.end() ? known->second->state_slot : new_slots.at(row.lane_id());
       if (row.has_resume_checkpoint()) s.restore_checkpoint = row.resume_checkpoint();
+      s.linear_chunked_until = row.linear_chunked_until();
       for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
         s.state_saves.push_back(
             {static_cast<int32_t>(c.position() - row.start_position() - 1), c.slot()});

@@ -416,6 +416,11 @@ TEST(RecurrentStateSlots, LanesTakeAndReturnSlotsAndRowsMustContinueTheState) {
   v1::RoundResult skip_r = run(skip);
   EXPECT_EQ(skip_r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(skip_r.error().message(), HasSubstr("recurrent state stands at position 4"));
+  v1::RoundPlan negative;
+  prefill(&negative, 2, 4, 4, absl::MakeConstSpan(prompt).subspan(4))->set_linear_chunked_until(-1);
+  v1::RoundResult negative_r = run(negative);
+  EXPECT_EQ(negative_r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(negative_r.error().message(), HasSubstr("linear_chunked_until"));
   v1::RoundPlan rest;
   prefill(&rest, 2, 4, 4, absl::MakeConstSpan(prompt).subspan(4));
   v1::RoundResult rest_r = run(rest);

@@ -94,6 +94,7 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const v1::GetInfoReque
     info->set_state_bytes_per_slot(state_bytes_);
     info->set_state_checkpoints(kv_pool_.state_checkpoints);
     info->set_state_checkpoint_interval(kv_pool_.state_checkpoint_interval);
+    info->set_linear_chunk(config_.linear.chunk);
   }
   // The bounds this rank's sampler enforces, so the router can refuse a
   // request up front instead of learning them from a rejected round.
