@@ -4,10 +4,11 @@
 // a time through the recurrence, or a whole chunk at once (the chunked form
 // for prefill, on chunks at fixed absolute positions, so that a row's result
 // depends on where the chunks of its prompt lie and never on how rounds cut
-// the prompt, when the planner keeps chunks whole), reading and writing only that head's channels
-// of the convolution state and that head's matrix, so tasks never share memory and a value never
-// depends on which thread computed it or on what else shares the round. Every sum runs over its
-// index in increasing order.
+// the prompt, when the planner keeps chunks whole). A task reads and writes
+// only that head's channels of the convolution state and that head's
+// matrix, so tasks never share memory and a value never depends on which
+// thread computed it or on what else shares the round. Every sum runs over
+// its index in increasing order.
 #include <cmath>
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)
@@ -87,10 +88,10 @@ void CpuOps::KdaMix(int layer, const KdaInput& in, float* out) {
       }
       return true;
     };
-    const int64_t rows_per_pass = chunk > 0 ? chunk : 1;
+    // Rows a pass holds: a chunk's, or the one of a recurrent step.
+    const int64_t m = chunk > 0 ? chunk : 1;
     std::vector<float>& buf = kda_buf_[thread];
     // Per row of a pass: q, k, v, decay; then E, F, X (2 D), U; then A, P.
-    const int64_t m = rows_per_pass;
     buf.resize(static_cast<size_t>(m * D * 9 + 2 * m * m + m + D));
     float* Qb = buf.data();
     float* Kb = Qb + m * D;
@@ -203,9 +204,10 @@ void CpuOps::KdaMix(int layer, const KdaInput& in, float* out) {
       //   A_ri = beta_r k_r . (decay(i..r] k_i),  P_ri = q_r . (decay(i..r] k_i),
       //   (I + A) X = diag(beta) [E K | V]   (forward substitution),
       //   U = X_V - X_EK S0,  O = (E Q) S0 + P U,
-      //   S = diag(E_last) S0 + (F K)^T U,
-      // E_r the decay from the chunk's start through r, F_i after i through
-      // the chunk's end. Sums run in increasing index order.
+      //   S = diag(E_last) S0 + F^T U,
+      // E_r the decay from the chunk's start through r, F_i = decay(i..end]
+      // k_i (after i through the chunk's end). Sums run in increasing index
+      // order.
       const int64_t L = chunk;
       for (int64_t j = 0; j < L; ++j) prepare(row0 + r + j, j);
       for (int64_t j = 0; j < L; ++j) {
