@@ -65,12 +65,14 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
   return w;
 }
 
-void BM_MatMul(benchmark::State& state, rw::DType dt) {
+// `rows` 5632 (11.5 MB of FP8) streams from memory or L3; 256 (0.5 MB) stays
+// in L2, which shows the kernel's own cost per weight.
+void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows) {
   const int M = static_cast<int>(state.range(0));
   // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
   state.SetLabel(ringlane::worker::cpu::IsaName(isa));
-  const int64_t N = 5632, K = 2048;
+  const int64_t N = rows, K = 2048;
   Weights w = Make(dt, N, K);
   rw::AlignedFloats x(M * K, 0.5f), y(M * N);
   for (auto _ : state) {
@@ -82,13 +84,34 @@ void BM_MatMul(benchmark::State& state, rw::DType dt) {
       benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
-BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3)
+// The engine's own split (MatMul: tiles of 64 input by 64 output rows for
+// prefill), on the calling thread.
+void BM_MatMulTiled(benchmark::State& state) {
+  const int M = static_cast<int>(state.range(0));
+  const auto isa = ringlane::worker::cpu::DetectIsa();
+  state.SetLabel(ringlane::worker::cpu::IsaName(isa));
+  const int64_t N = 5632, K = 2048;
+  Weights w = Make(rw::DType::kFP8E4M3, N, K);
+  rw::AlignedFloats x(M * K, 0.5f), y(M * N);
+  for (auto _ : state) {
+    ringlane::worker::cpu::MatMul(w.m, x.data(), K, M, y.data(), N, nullptr, isa);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_MatMulTiled)->Arg(512)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3, 5632)
     ->ArgsProduct({{1, 4, 5, 8, 64, 512}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16)
+BENCHMARK_CAPTURE(BM_MatMul, FP8InL2, rw::DType::kFP8E4M3, 256)
+    ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632)
     ->ArgsProduct({{1, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32)
+BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632)
     ->ArgsProduct({{1, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 

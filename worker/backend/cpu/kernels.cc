@@ -8,6 +8,7 @@
 #include <cpuid.h>
 #endif
 
+#include "worker/aligned.h"
 #include "worker/backend/cpu/attention_impl.h"
 
 namespace ringlane::worker::cpu {
@@ -71,26 +72,22 @@ float Hsum8(const float* a) {
 
 namespace {
 
-// w'[r][c] for the scalar path: the exact float of the stored value times the
-// block scale (FP8 only), rounded once, as the vector paths compute it.
-inline float WeightAt(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
-  float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
-  if (w.dtype == DType::kFP8E4M3) v = v * w.ScaleAt(r, c);
-  return v;
+// w'[r][c] for the scalar path, as the vector paths read it: FP8 unscaled
+// (value / kFp8Rebias, exact; the scale is on x), other types as stored.
+inline float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c) {
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  return w.dtype == DType::kFP8E4M3 ? v / internal::kFp8Rebias : v;
 }
 
-}  // namespace
-
-namespace internal {
-
-void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                       int64_t n0, int64_t n1) {
+// The scalar kernel over x' (for FP8, scaled for rows [n0, n1)).
+void ScalarKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                  int64_t n0, int64_t n1) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
   std::vector<float> wrow(static_cast<size_t>(K));
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.Row(n);
-    for (int64_t k = 0; k < K; ++k) wrow[k] = WeightAt(w, row, n, k);
+    for (int64_t k = 0; k < K; ++k) wrow[k] = KernelWeight(w, row, k);
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * ldx;
       float a[16] = {};
@@ -98,20 +95,18 @@ void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, floa
         for (int l = 0; l < 16; ++l) a[l] = std::fma(wrow[k + l], xm[k + l], a[l]);
       }
       for (int64_t k = K16; k < K; ++k) a[k - K16] = std::fma(wrow[k], xm[k], a[k - K16]);
-      y[m * ldy + n] = Hsum16(a);
+      y[m * ldy + n] = internal::Hsum16(a);
     }
   }
 }
 
-}  // namespace internal
-
-void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1, Isa isa, int force_path) {
+// The kernel of `isa` for rows [n0, n1), x already x'.
+void RangeKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa, bool panel) {
   // The vector kernels step 16 columns at a time from the view's first column;
   // a view starting mid-step (never made by our sharding) takes the scalar path,
   // which computes the same sums.
   const bool aligned = w.col_offset % 16 == 0;
-  const bool panel = force_path == 0 ? M > kPanelMinRows : force_path == 2;
 #if defined(RINGLANE_HAVE_AVX512_KERNELS)
   if (isa == Isa::kAvx512 && aligned) {
     internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1, panel);
@@ -124,7 +119,62 @@ void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
     return;
   }
 #endif
-  internal::MatMulRangeScalar(w, x, ldx, M, y, ldy, n0, n1);
+  ScalarKernel(w, x, ldx, M, y, ldy, n0, n1);
+}
+
+// x' for FP8 row r's 128-row block: x times (scale * kFp8Rebias) per
+// 128-column block, columns [0, K) of each of M rows, into xs (ld K rounded
+// up to 16 floats).
+void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
+                      int64_t ldxs) {
+  const int64_t K = w.cols;
+  for (int64_t k0 = 0; k0 < K;) {
+    const int64_t global = w.col_offset + k0;
+    const int64_t k1 = std::min(K, (global / kFp8BlockSize + 1) * kFp8BlockSize - w.col_offset);
+    const float s = w.ScaleAt(r, k0) * internal::kFp8Rebias;
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx;
+      float* o = xs + m * ldxs;
+      for (int64_t k = k0; k < k1; ++k) o[k] = xm[k] * s;
+    }
+    k0 = k1;
+  }
+}
+
+void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa, bool panel) {
+  if (w.dtype != DType::kFP8E4M3) {
+    RangeKernel(w, x, ldx, M, y, ldy, n0, n1, isa, panel);
+    return;
+  }
+  const int64_t ldxs = (w.cols + 15) & ~int64_t{15};
+  thread_local AlignedFloats xs;
+  if (xs.size() < static_cast<size_t>(M * ldxs)) xs.resize(M * ldxs);
+  // One x' per 128-row scale block the range touches.
+  for (int64_t a = n0; a < n1;) {
+    const int64_t global = w.row_offset + a;
+    const int64_t b = std::min(n1, (global / kFp8BlockSize + 1) * kFp8BlockSize - w.row_offset);
+    ScaleActivations(w, a, x, ldx, M, xs.data(), ldxs);
+    RangeKernel(w, xs.data(), ldxs, M, y, ldy, a, b, isa, panel);
+    a = b;
+  }
+}
+
+}  // namespace
+
+namespace internal {
+
+void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                       int64_t n0, int64_t n1) {
+  ScaledRange(w, x, ldx, M, y, ldy, n0, n1, Isa::kScalar, false);
+}
+
+}  // namespace internal
+
+void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa, int force_path) {
+  const bool panel = force_path == 0 ? M > kPanelMinRows : force_path == 2;
+  ScaledRange(w, x, ldx, M, y, ldy, n0, n1, isa, panel);
 }
 
 void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, int64_t ldx, int M,
@@ -189,7 +239,10 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
   }
 #endif
   const uint8_t* row = w.Row(r);
-  for (int64_t c = 0; c < w.cols; ++c) out[c] = WeightAt(w, row, r, c);
+  for (int64_t c = 0; c < w.cols; ++c) {
+    const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+    out[c] = w.dtype == DType::kFP8E4M3 ? v * w.ScaleAt(r, c) : v;
+  }
 }
 
 void AttendHead(const AttendArgs& args, Isa isa) {

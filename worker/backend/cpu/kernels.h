@@ -9,8 +9,15 @@
 //   lane k - K16; hsum16(a) = hsum8(s) with s[l] = a[l] + a[l + 8], and
 //   hsum8(s) = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)).
 //
-// w' is the stored weight converted to float; for FP8 it is multiplied by its
-// 128x128 block scale right at conversion, for every element, in every kernel.
+// w' is the stored weight converted to float, exactly. FP8 weights carry a
+// scale per 128x128 block; it goes on x instead of w: for output n, x' is x
+// with each element multiplied (one rounding) by the scale of n's 128-row
+// block and the element's 128-column block, and the sum above runs over
+// w'[n][k] * x'[m][k] with w' the unscaled value. (In the kernels w' is the
+// value / 256, which is exact, and the scale is taken times 256, so the
+// products are the same.) Scaling x costs M * K multiplies per 128 weight
+// rows; scaling w cost one per weight, which single-stream decode, bound by
+// converting weights, paid on every one.
 // The vector paths (AVX-512: one register of 16 lanes; AVX2: two of 8; each in
 // registers for a few rows and through a float panel for many) and the scalar
 // fallback all follow this definition, so they agree bit for bit; that is what
@@ -62,8 +69,9 @@ void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, i
 void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1, Isa isa, int force_path = 0);
 
-// Converts columns [0, w.cols) of row r to float (block scale applied), the
-// same values every matmul path multiplies with.
+// Converts columns [0, w.cols) of row r to float, FP8 times its block scale
+// (value * scale rounded once), for the operations that need weights as
+// floats (embedding lookup, a transposed product).
 void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
 
 // Causal attention of query rows of one head against its K and V, already
@@ -115,8 +123,14 @@ struct IndexerScoreArgs {
 void IndexerScores(const IndexerScoreArgs& args, Isa isa);
 
 namespace internal {
+// FP8 weights as the kernels read them: value / kFp8Rebias, exact (E4M3
+// moves bit for bit into F16 with this factor, see kernels_avx2.cc).
+inline constexpr float kFp8Rebias = 256.0f;
+// The reference path (tests): MatMulRange on the scalar kernels.
 void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1);
+// The per-instruction-set kernels below read FP8 weights unscaled: for FP8,
+// x must already be x' of rows [n0, n1), which lie in one 128-row block.
 void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                      int64_t n0, int64_t n1, bool use_panel);
 void DequantRowAvx2(const Matrix& w, int64_t r, float* out);

@@ -17,6 +17,7 @@ struct Avx2 {
 
   static Vec Zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Scale SetScale(float s) { return _mm256_set1_ps(s); }
+  static Vec Mul(Vec v, Scale s) { return {_mm256_mul_ps(v.lo, s), _mm256_mul_ps(v.hi, s)}; }
   static Vec LoadF(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   static Vec Fma(Vec w, Vec x, Vec a) {
     return {_mm256_fmadd_ps(w.lo, x.lo, a.lo), _mm256_fmadd_ps(w.hi, x.hi, a.hi)};
@@ -27,7 +28,7 @@ struct Avx2 {
   }
 
   template <DType D>
-  static Vec LoadW(const uint8_t* row, int64_t k, Scale s) {
+  static Vec LoadW(const uint8_t* row, int64_t k) {
     if constexpr (D == DType::kF32) {
       return LoadF(reinterpret_cast<const float*>(row) + k);
     } else if constexpr (D == DType::kBF16) {
@@ -50,8 +51,8 @@ struct Avx2 {
       __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
       __m256i h =
           _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(static_cast<short>(0xbfff)));
-      return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s),
-              _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s)};
+      return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
     }
   }
 

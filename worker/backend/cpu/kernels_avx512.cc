@@ -16,12 +16,13 @@ struct Avx512 {
 
   static Vec Zero() { return _mm512_setzero_ps(); }
   static Scale SetScale(float s) { return _mm512_set1_ps(s); }
+  static Vec Mul(Vec v, Scale s) { return _mm512_mul_ps(v, s); }
   static Vec LoadF(const float* p) { return _mm512_loadu_ps(p); }
   static Vec Fma(Vec w, Vec x, Vec a) { return _mm512_fmadd_ps(w, x, a); }
   static void Store(Vec v, float* p) { _mm512_storeu_ps(p, v); }
 
   template <DType D>
-  static Vec LoadW(const uint8_t* row, int64_t k, Scale s) {
+  static Vec LoadW(const uint8_t* row, int64_t k) {
     if constexpr (D == DType::kF32) {
       return LoadF(reinterpret_cast<const float*>(row) + k);
     } else if constexpr (D == DType::kBF16) {
@@ -31,11 +32,11 @@ struct Avx512 {
       return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k)));
     } else {
       // The E4M3 -> F16 bit move of kernels_avx2.cc, then one 16-wide
-      // conversion and one multiply by the block scale times 256.
+      // conversion.
       __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
       __m256i h =
           _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(static_cast<short>(0xbfff)));
-      return _mm512_mul_ps(_mm512_cvtph_ps(h), s);
+      return _mm512_cvtph_ps(h);
     }
   }
 

@@ -7,11 +7,12 @@
 // V provides:
 //   Vec                          16 floats in registers
 //   Scale                        a broadcast FP8 block scale
-//   Vec Zero(); Scale SetScale(float);
+//   Vec Zero(); Scale SetScale(float); Vec Mul(Vec, Scale)
 //   Vec LoadF(const float* p)    p[0..16)
-//   template <DType D> Vec LoadW(const uint8_t* row, int64_t k, Scale s)
-//                                columns [k, k+16) converted; for FP8 times s,
-//                                where s is the block scale times kRebias
+//   template <DType D> Vec LoadW(const uint8_t* row, int64_t k)
+//                                columns [k, k+16) converted; FP8 without its
+//                                block scale and divided by kRebias (the
+//                                caller scales x instead, see kernels.h)
 //   Vec Fma(Vec w, Vec x, Vec acc)  lane-wise fused multiply-add
 //   void Store(Vec v, float* p)
 //   constexpr int NrFor(int mr)  weight rows per in-register tile of mr rows
@@ -32,16 +33,11 @@
 namespace ringlane::worker::cpu::internal::simd {
 namespace {
 
-// E4M3 values come out of LoadW scaled by the inverse of this (see the FP8
-// conversion in the V types): one rounding of (value / 256) * (scale * 256)
-// equals the scalar value * scale.
-inline constexpr float kRebias = 256.0f;
-
-// Scalar conversion of one element, equal to what LoadW yields for it.
-inline float ScalarWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
-  float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
-  if (w.dtype == DType::kFP8E4M3) v = v * w.ScaleAt(r, c);
-  return v;
+// Scalar conversion of one element, equal to what LoadW yields for it (FP8:
+// the stored value / kRebias, exact).
+inline float ScalarWeight(const Matrix& w, const uint8_t* row, int64_t c) {
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  return w.dtype == DType::kFP8E4M3 ? v / internal::kFp8Rebias : v;
 }
 
 // End of the run of columns starting at k that share one FP8 scale column.
@@ -55,9 +51,9 @@ inline int64_t ScaleRunEnd(const Matrix& w, int64_t k, int64_t limit) {
 
 // The tail columns and the final sum of one output, from its 16 lanes.
 inline float Finish(float* a, const float* wrow_or_null, const Matrix* w, const uint8_t* row,
-                    int64_t r, const float* xm, int64_t K16, int64_t K) {
+                    const float* xm, int64_t K16, int64_t K) {
   for (int64_t t = K16; t < K; ++t) {
-    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : ScalarWeight(*w, row, r, t);
+    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : ScalarWeight(*w, row, t);
     a[t - K16] = std::fma(wv, xm[t], a[t - K16]);
   }
   // Hsum16 of kernels.h, the same additions in the same tree, inlined here:
@@ -84,18 +80,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
   // of the matrix is harmless (prefetches never fault).
   const int64_t next_tile = NR * w.row_stride_bytes;
 
-  // One flat loop (a nested loop per scale run made GCC keep the
-  // accumulators in memory); the FP8 scales change at 128-column edges.
-  typename V::Scale s[NR];
-  for (int j = 0; j < NR; ++j) s[j] = V::SetScale(0.0f);
-  int64_t next_run = 0;
   for (int64_t k = 0; k < K16; k += 16) {
-    if constexpr (D == DType::kFP8E4M3) {
-      if (k == next_run) {
-        for (int j = 0; j < NR; ++j) s[j] = V::SetScale(w.ScaleAt(n + j, k) * kRebias);
-        next_run = ScaleRunEnd(w, k, K16);
-      }
-    }
     // Rows are short streams (a few KB) that the hardware prefetcher barely
     // catches; fetch the same columns of the next tile's rows meanwhile.
     if ((k * kElemBytes) % 64 == 0) {
@@ -104,7 +89,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
     typename V::Vec xv[MR];
     for (int m = 0; m < MR; ++m) xv[m] = V::LoadF(x + m * ldx + k);
     for (int j = 0; j < NR; ++j) {
-      const typename V::Vec wv = V::template LoadW<D>(rows[j], k, s[j]);
+      const typename V::Vec wv = V::template LoadW<D>(rows[j], k);
       for (int m = 0; m < MR; ++m) acc[m][j] = V::Fma(wv, xv[m], acc[m][j]);
     }
   }
@@ -112,7 +97,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
     for (int m = 0; m < MR; ++m) {
       alignas(64) float a[16];
       V::Store(acc[m][j], a);
-      y[m * ldy + n + j] = Finish(a, nullptr, &w, rows[j], n + j, x + m * ldx, K16, K);
+      y[m * ldy + n + j] = Finish(a, nullptr, &w, rows[j], x + m * ldx, K16, K);
     }
   }
 }
@@ -143,22 +128,27 @@ void TileFromPanel(const float* panel, int64_t ldp, int64_t k0, int64_t k1, cons
     for (int j = 0; j < NR; ++j) V::Store(acc[m][j], accs + m * acc_row_stride + j * 16);
 }
 
-template <class V, DType D>
+// Row r converted as LoadW yields it; with `scaled`, FP8 times its block
+// scale as well (one rounding of (value / kRebias) * (scale * kRebias), which
+// is value * scale rounded once: DequantRow's contract).
+template <class V, DType D, bool scaled>
 void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
   const uint8_t* row = w.Row(r);
-  int64_t k = 0;
-  while (k < K16) {
-    int64_t end = K16;
-    typename V::Scale s = V::SetScale(0.0f);
-    if constexpr (D == DType::kFP8E4M3) {
-      end = ScaleRunEnd(w, k, K16);
-      s = V::SetScale(w.ScaleAt(r, k) * kRebias);
+  if constexpr (D == DType::kFP8E4M3 && scaled) {
+    for (int64_t k = 0; k < K16;) {
+      const int64_t end = ScaleRunEnd(w, k, K16);
+      const typename V::Scale s = V::SetScale(w.ScaleAt(r, k) * internal::kFp8Rebias);
+      for (; k < end; k += 16) V::Store(V::Mul(V::template LoadW<D>(row, k), s), out + k);
     }
-    for (; k < end; k += 16) V::Store(V::template LoadW<D>(row, k, s), out + k);
+    for (int64_t t = K16; t < K; ++t) {
+      out[t] = LoadAsFloat(w.dtype, row, static_cast<size_t>(t)) * w.ScaleAt(r, t);
+    }
+  } else {
+    for (int64_t k = 0; k < K16; k += 16) V::Store(V::template LoadW<D>(row, k), out + k);
+    for (int64_t t = K16; t < K; ++t) out[t] = ScalarWeight(w, row, t);
   }
-  for (int64_t t = K16; t < K; ++t) out[t] = ScalarWeight(w, row, r, t);
 }
 
 template <class V, DType D, int MR>
@@ -243,7 +233,9 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
   if (accs.size() < static_cast<size_t>(M * kPanelRows * 16)) accs.resize(M * kPanelRows * 16);
   for (int64_t nb = n0; nb < n1; nb += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, n1 - nb);
-    for (int64_t j = 0; j < rows; ++j) DequantRowTyped<V, D>(w, nb + j, panel.data() + j * ldp);
+    for (int64_t j = 0; j < rows; ++j) {
+      DequantRowTyped<V, D, false>(w, nb + j, panel.data() + j * ldp);
+    }
     if (K16 == 0) std::fill(accs.begin(), accs.begin() + M * kPanelRows * 16, 0.0f);
     // Column passes of kPanelCols: within one, the panel slice (16 rows) and
     // an MR-row x tile stay in L1 while the tile meets every panel row.
@@ -256,7 +248,7 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
       for (int64_t j = 0; j < rows; ++j) {
         float* a = accs.data() + (m * kPanelRows + j) * 16;
         y[m * ldy + nb + j] =
-            Finish(a, panel.data() + j * ldp, nullptr, nullptr, 0, x + m * ldx, K16, K);
+            Finish(a, panel.data() + j * ldp, nullptr, nullptr, x + m * ldx, K16, K);
       }
     }
   }
@@ -291,13 +283,13 @@ template <class V>
 void DequantRow(const Matrix& w, int64_t r, float* out) {
   switch (w.dtype) {
     case DType::kF32:
-      return DequantRowTyped<V, DType::kF32>(w, r, out);
+      return DequantRowTyped<V, DType::kF32, true>(w, r, out);
     case DType::kBF16:
-      return DequantRowTyped<V, DType::kBF16>(w, r, out);
+      return DequantRowTyped<V, DType::kBF16, true>(w, r, out);
     case DType::kF16:
-      return DequantRowTyped<V, DType::kF16>(w, r, out);
+      return DequantRowTyped<V, DType::kF16, true>(w, r, out);
     case DType::kFP8E4M3:
-      return DequantRowTyped<V, DType::kFP8E4M3>(w, r, out);
+      return DequantRowTyped<V, DType::kFP8E4M3, true>(w, r, out);
   }
 }
 

@@ -183,6 +183,82 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
   }
 }
 
+// Every E4M3 code but the two NaNs (which quantizers never write), subnormals
+// and both zeros included, converts to the same float on every path; and a
+// view starting 48 columns past a scale edge (a first scale run of 80
+// columns) sums as the scalar path does, for every tile height.
+TEST(MatMulFp8, EveryCodeOnEveryPath) {
+  const int64_t N = 20, K = 48 + 512 + 9;
+  TestMatrix full = MakeMatrix(DType::kFP8E4M3, N, K, 31);
+  std::mt19937 rng(5);
+  for (int64_t i = 0; i < N * K; ++i) {
+    uint8_t code = static_cast<uint8_t>(rng());
+    if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(i % 127);
+    full.bytes[i] = code;
+  }
+  for (int a = 0; a < 256; ++a) {
+    if ((a & 0x7f) != 0x7f) full.bytes[a] = static_cast<uint8_t>(a);  // rows 0 and 1 hold all
+  }
+  Matrix view = full.m;
+  view.data = full.bytes.data() + 48;
+  view.cols = K - 48;
+  view.col_offset = 48;
+  std::vector<float> x = RandomX(6, view.cols, 8);
+  for (Isa isa : SupportedIsas()) {
+    for (int64_t r = 0; r < N; ++r) {
+      std::vector<float> a(K), b(K);
+      DequantRow(full.m, r, a.data(), isa);
+      DequantRow(full.m, r, b.data(), Isa::kScalar);
+      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
+    }
+    for (int M = 1; M <= 6; ++M) {
+      for (int path = 1; path <= 2; ++path) {
+        std::vector<float> y(M * N), want(M * N);
+        MatMulRange(view, x.data(), view.cols, M, y.data(), N, 0, N, isa, path);
+        internal::MatMulRangeScalar(view, x.data(), view.cols, M, want.data(), N, 0, N);
+        ASSERT_TRUE(SameBits(y, want)) << IsaName(isa) << " M=" << M << " path=" << path;
+      }
+    }
+  }
+}
+
+// The FP8 sum of kernels.h written out: x' = x * (block scale * 256) rounded
+// once, w' = value / 256, fused multiply-adds into lane k % 16 in increasing
+// k, the tail into lane k - K16, then the fixed tree. Rows 120..135 cross a
+// 128-row scale edge, so two x' are in play.
+TEST(MatMulFp8, ScaleGoesOnActivationsPerRowBlock) {
+  const int64_t N = 256, K = 300, K16 = 288;
+  TestMatrix full = MakeMatrix(DType::kFP8E4M3, N, K, 41);
+  Matrix view = full.m;
+  view.data = full.m.Row(120);
+  view.rows = 16;
+  view.row_offset = 120;
+  const int M = 3;
+  std::vector<float> x = RandomX(M, K, 12);
+  std::vector<float> want(M * 16);
+  for (int m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < 16; ++n) {
+      float a[16] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const float xs = x[m * K + k] * (view.ScaleAt(n, k) * 256.0f);
+        const float ws = LoadAsFloat(DType::kFP8E4M3, view.Row(n), k) / 256.0f;
+        float& lane = a[k < K16 ? k % 16 : k - K16];
+        lane = std::fma(ws, xs, lane);
+      }
+      float h[8];
+      for (int l = 0; l < 8; ++l) h[l] = a[l] + a[l + 8];
+      want[m * 16 + n] = ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));
+    }
+  }
+  for (Isa isa : SupportedIsas()) {
+    for (int path = 1; path <= 2; ++path) {
+      std::vector<float> y(M * 16);
+      MatMulRange(view, x.data(), K, M, y.data(), 16, 0, 16, isa, path);
+      ASSERT_TRUE(SameBits(y, want)) << IsaName(isa) << " path=" << path;
+    }
+  }
+}
+
 TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
   const int hd = 36, n_ctx = 41;
   std::vector<float> q = RandomX(n_ctx, hd, 1), k = RandomX(n_ctx, hd, 2),
