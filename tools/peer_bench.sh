@@ -23,10 +23,11 @@
 #                     vocabulary of both models; github:karpathy/llama2.c has
 #                     one): when set, also through HTTP, one stream and five
 #                     concurrent (tools/bench/1b1/decode.json by ringlane-bench),
-#                     ringlane's router over one worker of 2 threads against
-#                     llama-server -np 5 -t 2, interleaved the same way
-#
-# Not measured here: time to first token and resends.
+#                     and time to first token of a 510-token prompt cold and
+#                     resent identically (tools/bench/1b1/resend.json), with
+#                     the cached tokens each server reports; ringlane's router
+#                     over one worker of 2 threads against llama-server -np 5
+#                     -t 2, interleaved the same way
 set -euo pipefail
 repeats=${1:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,6 +59,46 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -f "$gguf" ]; then
   # Debian's python3 (the recipe needs its numpy), ahead of any other on PATH.
   PATH=/usr/bin:$PATH GIT_DIR_LLAMACPP=$GIT_DIR_LLAMACPP bash "$PEER_DIR/build.sh" >&2
 fi
+# The recipe builds with GGML_NATIVE, which compiles llama.cpp's AMX kernels
+# where CPUID lists AMX; a virtual machine can list it without letting a
+# process use the tiles, and the first prompt dies with SIGILL in TILEZERO
+# (seen 2026-12-06 on an Intel Xeon VM). Then prompts and batches run on the
+# same build without AMX (every other extension native would have chosen
+# there: AVX-512 with VNNI, VBMI, BF16), and single-stream decode, which never
+# reaches the AMX kernels, stays on the native build, the faster of the two
+# for it (tg32 at 1 thread: 9.98 against 5.77 tok/s). The table says so.
+runs() {  # llama-bench directory, llama-bench arguments: 0 when it completes
+  # A second command keeps the subshell from exec'ing llama-bench, so the
+  # report of its signal goes to the subshell's silenced stderr.
+  ("$1/llama-bench" -m "$gguf" "${@:2}" -r 1 >/dev/null 2>&1; exit $?) 2>/dev/null
+}
+bin_tg=$bin
+peer_note=
+if ! runs "$bin" -p 8 -n 1 -t 1; then
+  src=$(dirname "$(dirname "$bin")")
+  if [ ! -x "$src/build-noamx/bin/llama-bench" ]; then
+    echo "peer_bench: llama.cpp's native build fails here (AMX listed but unusable?);" \
+      "building it without AMX (once; minutes)" >&2
+    cmake -S "$src" -B "$src/build-noamx" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+      -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+      -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
+      -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
+      -DLLAMA_BUILD_NUMBER=10573 -DLLAMA_BUILD_COMMIT=d775b89 >/dev/null
+    cmake --build "$src/build-noamx" -j"$(nproc)" --target llama-bench llama-batched-bench \
+      llama-server >&2
+  fi
+  if runs "$bin" -p 0 -n 2 -t 1; then bin_tg=$bin; else bin_tg=$src/build-noamx/bin; fi
+  bin=$src/build-noamx/bin
+  if ! runs "$bin" -p 8 -n 1 -t 1; then
+    echo "peer_bench: llama-bench fails in $bin too; run it by hand to see why" >&2
+    exit 1
+  fi
+  peer_note="llama.cpp: its native build dies in AMX tile instructions on this machine; prompts, \
+batches and llama-server ran its build without AMX ($bin), single-stream decode the native one \
+($bin_tg)."
+  echo "peer_bench: $peer_note" >&2
+fi
 if [ ! -f "$MODEL/config.json" ]; then
   echo "peer_bench: writing the synthetic 1.1B FP8 model to $MODEL" >&2
   "$BUILD/tools/ringlane-synth-model" --preset=1b1 --out="$MODEL" >&2
@@ -78,6 +119,7 @@ cleanup() {
 }
 trap cleanup EXIT
 workload=$root/tools/bench/1b1/decode.json
+resend=$root/tools/bench/1b1/resend.json
 http_ringlane() {
   echo "peer_bench: round $1/$repeats, through HTTP: ringlane" >&2
   THREADS=2 start_single "$BUILD" "$OUT/http-ringlane-$1"
@@ -87,6 +129,9 @@ http_ringlane() {
   done
   "$BUILD/tools/ringlane-bench" --base_url="http://$http/v1" --workload="$workload" \
     --out="$OUT/http-ringlane-$1" --progress=false >/dev/null 2>"$OUT/http-ringlane-$1/bench.err"
+  "$BUILD/tools/ringlane-bench" --base_url="http://$http/v1" --workload="$resend" \
+    --out="$OUT/http-ringlane-$1/resend" --progress=false >/dev/null \
+    2>"$OUT/http-ringlane-$1/resend.err"
   stop_cluster
 }
 http_llamacpp() {
@@ -109,6 +154,9 @@ http_llamacpp() {
   "$BUILD/tools/ringlane-bench" --base_url="http://127.0.0.1:$port/v1" --workload="$workload" \
     --server=generic --extra_body="$extra" --out="$dir" --progress=false >/dev/null \
     2>"$dir/bench.err"
+  "$BUILD/tools/ringlane-bench" --base_url="http://127.0.0.1:$port/v1" --workload="$resend" \
+    --server=generic --extra_body="$extra" --out="$dir/resend" --progress=false >/dev/null \
+    2>"$dir/resend.err"
   kill -TERM "$llama_pid" 2>/dev/null || true
   wait "$llama_pid" 2>/dev/null || true
   llama_pid=
@@ -120,8 +168,15 @@ run_ringlane() {
 }
 run_llamacpp() {
   echo "peer_bench: round $1/$repeats, llama-bench and llama-batched-bench" >&2
-  "$bin/llama-bench" -m "$gguf" -p 512 -n 128 -t 1,2 -r 1 -o jsonl \
-    >"$OUT/llama-bench-$1.jsonl" 2>"$OUT/llama-bench-$1.err"
+  if [ "$bin_tg" != "$bin" ]; then
+    "$bin_tg/llama-bench" -m "$gguf" -p 0 -n 128 -t 1,2 -r 1 -o jsonl \
+      >"$OUT/llama-bench-$1.jsonl" 2>"$OUT/llama-bench-$1.err"
+    "$bin/llama-bench" -m "$gguf" -p 512 -n 0 -t 2 -r 1 -o jsonl \
+      >>"$OUT/llama-bench-$1.jsonl" 2>>"$OUT/llama-bench-$1.err"
+  else
+    "$bin/llama-bench" -m "$gguf" -p 512 -n 128 -t 1,2 -r 1 -o jsonl \
+      >"$OUT/llama-bench-$1.jsonl" 2>"$OUT/llama-bench-$1.err"
+  fi
   "$bin/llama-batched-bench" -m "$gguf" -c 2048 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,5 \
     -t 2 -tb 2 --output-format jsonl >"$OUT/llama-batched-$1.jsonl" 2>"$OUT/llama-batched-$1.err"
 }
@@ -144,9 +199,9 @@ for ((i = 1; i <= repeats; ++i)); do
   fi
 done
 
-python3 - "$OUT" "$repeats" <<'EOF' | tee "$OUT/table.md"
+python3 - "$OUT" "$repeats" "$peer_note" <<'EOF' | tee "$OUT/table.md"
 import json, statistics, sys
-out, repeats = sys.argv[1], int(sys.argv[2])
+out, repeats, note = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 med = statistics.median
 def records(path):  # JSON lines; the tools also print blank ones
     return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
@@ -201,6 +256,36 @@ for conc, name in ((1, "through HTTP, one stream (tok/s)"),
     if a and b:
         extra = f"{100 * med(a) / med(rl['d2']):.0f}% of the engine" if conc == 1 else "-"
         print(f"| {name} | {med(a):.1f} | {med(b):.1f} | {med(a) / med(b):.2f}x | {extra} |")
+def resend(side, i):  # [(TTFT ms, cached tokens, prompt tokens)] of the cold and warm phases
+    try:
+        j = json.load(open(f"{out}/http-{side}-{i}/resend/samples.json"))
+    except OSError:
+        return None
+    got = {"cold": [], "warm": []}
+    for s in j["samples"]:
+        if s.get("phase") in got:
+            if s["error"]:
+                print(f"(http-{side}-{i} resend: a failed {s['phase']} request: {s['error'][:80]})")
+            else:
+                got[s["phase"]].append((s["ttft_ms"], s["usage_cached_tokens"],
+                                        s["usage_prompt_tokens"]))
+    return got if got["cold"] and got["warm"] else None
+rs = {side: [x for x in (resend(side, i) for i in range(1, repeats + 1)) if x]
+      for side in ("ringlane", "llamacpp")}
+if rs["ringlane"] and rs["llamacpp"]:
+    def ttft(side, phase):
+        return med([t for g in rs[side] for t, _, _ in g[phase]])
+    def cached(side):
+        c = [f"{k}/{p}" for g in rs[side] for _, k, p in g["warm"]]
+        return ", ".join(sorted(set(c)))
+    for phase, name in (("cold", "time to first token, 510-token prompt, cold (ms)"),
+                        ("warm", "identical resend, time to first token (ms)")):
+        a, b = ttft("ringlane", phase), ttft("llamacpp", phase)
+        extra = (f"{100 * a / ttft('ringlane', 'cold'):.2f}% of cold; cached {cached('ringlane')}"
+                 f" (llama.cpp {cached('llamacpp')})" if phase == "warm" else "-")
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x (as speed) | {extra} |")
+if note:
+    print(f"\n{note}")
 print(f"\nread roofline (ringlane-engine-bench, same runs): {med(rl['roof1']):.1f} tok/s at 1 thread, "
       f"{med(rl['roof2']):.1f} at 2. Raw outputs: {out}/")
 EOF

@@ -86,30 +86,35 @@ class MatMulTest : public ::testing::TestWithParam<DType> {};
 // bits for a row as that row alone: the kernel-level form of batch invariance.
 TEST_P(MatMulTest, AllPathsAndRowCountsAgreeBitForBit) {
   const DType dt = GetParam();
-  const int64_t N = 37, K = 300;  // odd rows; K crosses two 128-blocks and has a 12-column tail
-  TestMatrix w = MakeMatrix(dt, N, K, 7);
-  const int kMaxM = 13;
-  std::vector<float> x = RandomX(kMaxM, K, 11);
+  // Odd rows; K = 300 crosses two 128-blocks and has a 12-column tail, K = 256
+  // has none (the four-output finish).
+  for (const int64_t K : {int64_t{300}, int64_t{256}}) {
+    const int64_t N = 37;
+    TestMatrix w = MakeMatrix(dt, N, K, 7);
+    const int kMaxM = 13;
+    std::vector<float> x = RandomX(kMaxM, K, 11);
 
-  std::vector<float> solo(kMaxM * N);
-  for (int m = 0; m < kMaxM; ++m) {
-    internal::MatMulRangeScalar(w.m, x.data() + m * K, K, 1, solo.data() + m * N, N, 0, N);
-  }
-  // Reference check in double: the kernel computes the right thing.
-  for (int m = 0; m < kMaxM; ++m) {
-    for (int64_t n = 0; n < N; ++n) {
-      double ref = 0;
-      for (int64_t k = 0; k < K; ++k) ref += double(w.expanded[n * K + k]) * x[m * K + k];
-      ASSERT_NEAR(solo[m * N + n], ref, 1e-4 * (std::fabs(ref) + 10.0)) << m << "," << n;
+    std::vector<float> solo(kMaxM * N);
+    for (int m = 0; m < kMaxM; ++m) {
+      internal::MatMulRangeScalar(w.m, x.data() + m * K, K, 1, solo.data() + m * N, N, 0, N);
     }
-  }
-  for (Isa isa : SupportedIsas()) {
-    for (int M = 1; M <= kMaxM; ++M) {
-      for (int path = 0; path <= 2; ++path) {
-        std::vector<float> y(M * N, -1.0f);
-        MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa, path);
-        std::vector<float> want(solo.begin(), solo.begin() + M * N);
-        ASSERT_TRUE(SameBits(y, want)) << "M=" << M << " path=" << path << " isa=" << IsaName(isa);
+    // Reference check in double: the kernel computes the right thing.
+    for (int m = 0; m < kMaxM; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double(w.expanded[n * K + k]) * x[m * K + k];
+        ASSERT_NEAR(solo[m * N + n], ref, 1e-4 * (std::fabs(ref) + 10.0)) << m << "," << n;
+      }
+    }
+    for (Isa isa : SupportedIsas()) {
+      for (int M = 1; M <= kMaxM; ++M) {
+        for (int path = 0; path <= 2; ++path) {
+          std::vector<float> y(M * N, -1.0f);
+          MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa, path);
+          std::vector<float> want(solo.begin(), solo.begin() + M * N);
+          ASSERT_TRUE(SameBits(y, want))
+              << "K=" << K << " M=" << M << " path=" << path << " isa=" << IsaName(isa);
+        }
       }
     }
   }
