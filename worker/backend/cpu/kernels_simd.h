@@ -11,7 +11,7 @@
 //   Vec LoadF(const float* p)    p[0..16)
 //   template <DType D> Vec LoadW(const uint8_t* row, int64_t k)
 //                                columns [k, k+16) converted; FP8 without its
-//                                block scale and divided by kRebias (the
+//                                block scale and divided by kFp8Rebias (the
 //                                caller scales x instead, see kernels.h)
 //   Vec Fma(Vec w, Vec x, Vec acc)  lane-wise fused multiply-add
 //   void Store(Vec v, float* p)
@@ -34,7 +34,7 @@ namespace ringlane::worker::cpu::internal::simd {
 namespace {
 
 // Scalar conversion of one element, equal to what LoadW yields for it (FP8:
-// the stored value / kRebias, exact).
+// the stored value / kFp8Rebias, exact).
 inline float ScalarWeight(const Matrix& w, const uint8_t* row, int64_t c) {
   const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
   return w.dtype == DType::kFP8E4M3 ? v / internal::kFp8Rebias : v;
@@ -129,7 +129,7 @@ void TileFromPanel(const float* panel, int64_t ldp, int64_t k0, int64_t k1, cons
 }
 
 // Row r converted as LoadW yields it; with `scaled`, FP8 times its block
-// scale as well (one rounding of (value / kRebias) * (scale * kRebias), which
+// scale as well (one rounding of (value / kFp8Rebias) * (scale * kFp8Rebias), which
 // is value * scale rounded once: DequantRow's contract).
 template <class V, DType D, bool scaled>
 void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
