@@ -37,10 +37,15 @@ class KeySlot {
  public:
   KeySlot(absl::Mutex* mu, std::map<std::string, int>* counts, std::string key)
       : mu_(mu), counts_(counts), key_(std::move(key)) {}
-  ~KeySlot() {
+  ~KeySlot() { Release(); }
+  // Gives the slots back before the handler ends: once its choices are
+  // finished, before the last bytes go out, so a client that sends its next
+  // request the moment it has read this response never finds them taken.
+  void Release() {
     if (weight_ == 0) return;
     absl::MutexLock l(mu_);
     if (((*counts_)[key_] -= weight_) <= 0) counts_->erase(key_);
+    weight_ = 0;
   }
   // Takes `weight` slots (at least one request's worth may always run
   // alone, however heavy: the per-request caps bound it).
@@ -452,6 +457,7 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
   }
   if (!failure.ok()) {
     cancel_all();
+    slot.Release();
     ApiError e = openai::ErrorFromStatus(failure);
     RL_LOG(WARNING) << "request " << request_id << " failed: " << failure;
     if (!parsed->stream) return SendError(out, e);
@@ -462,6 +468,7 @@ int Gateway::Generate(openai::Endpoint endpoint, const HttpRequest& req, HttpRes
     out.EndStream();
     return 200;
   }
+  slot.Release();
   if (!parsed->stream) {
     out.Send(200, kJson, Dump(builder.Final()), headers);
     return 200;
