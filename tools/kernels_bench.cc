@@ -66,8 +66,10 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 }
 
 // `rows` 5632 (11.5 MB of FP8) streams from memory or L3; 256 (0.5 MB) stays
-// in L2, which shows the kernel's own cost per weight.
-void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows) {
+// in L2, which shows the kernel's own cost per weight. `tiled`: through
+// MatMul, the engine's own split (tiles of 64 input by 64 output rows for
+// prefill), on the calling thread, instead of one MatMulRange.
+void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows, bool tiled) {
   const int M = static_cast<int>(state.range(0));
   // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
@@ -76,7 +78,11 @@ void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows) {
   Weights w = Make(dt, N, K);
   rw::AlignedFloats x(M * K, 0.5f), y(M * N);
   for (auto _ : state) {
-    ringlane::worker::cpu::MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa);
+    if (tiled) {
+      ringlane::worker::cpu::MatMul(w.m, x.data(), K, M, y.data(), N, nullptr, isa);
+    } else {
+      ringlane::worker::cpu::MatMulRange(w.m, x.data(), K, M, y.data(), N, 0, N, isa);
+    }
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.bytes.size()));
@@ -84,34 +90,19 @@ void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows) {
       benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
-// The engine's own split (MatMul: tiles of 64 input by 64 output rows for
-// prefill), on the calling thread.
-void BM_MatMulTiled(benchmark::State& state) {
-  const int M = static_cast<int>(state.range(0));
-  const auto isa = ringlane::worker::cpu::DetectIsa();
-  state.SetLabel(ringlane::worker::cpu::IsaName(isa));
-  const int64_t N = 5632, K = 2048;
-  Weights w = Make(rw::DType::kFP8E4M3, N, K);
-  rw::AlignedFloats x(M * K, 0.5f), y(M * N);
-  for (auto _ : state) {
-    ringlane::worker::cpu::MatMul(w.m, x.data(), K, M, y.data(), N, nullptr, isa);
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-}
-
-BENCHMARK(BM_MatMulTiled)->Arg(512)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3, 5632)
+BENCHMARK_CAPTURE(BM_MatMul, FP8Tiled, rw::DType::kFP8E4M3, 5632, true)
+    ->Args({512, 0})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3, 5632, false)
     ->ArgsProduct({{1, 4, 5, 8, 64, 512}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, FP8InL2, rw::DType::kFP8E4M3, 256)
+BENCHMARK_CAPTURE(BM_MatMul, FP8InL2, rw::DType::kFP8E4M3, 256, false)
     ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632)
+BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)
     ->ArgsProduct({{1, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632)
+BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632, false)
     ->ArgsProduct({{1, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 

@@ -120,6 +120,12 @@ cleanup() {
 trap cleanup EXIT
 workload=$root/tools/bench/1b1/decode.json
 resend=$root/tools/bench/1b1/resend.json
+bench_http() {  # base URL, output directory, extra ringlane-bench flags: both workloads
+  "$BUILD/tools/ringlane-bench" --base_url="$1" --workload="$workload" --out="$2" \
+    --progress=false "${@:3}" >/dev/null 2>"$2/bench.err"
+  "$BUILD/tools/ringlane-bench" --base_url="$1" --workload="$resend" --out="$2/resend" \
+    --progress=false "${@:3}" >/dev/null 2>"$2/resend.err"
+}
 http_ringlane() {
   echo "peer_bench: round $1/$repeats, through HTTP: ringlane" >&2
   THREADS=2 start_single "$BUILD" "$OUT/http-ringlane-$1"
@@ -127,11 +133,7 @@ http_ringlane() {
     curl -sf "http://$http/v1/models" 2>/dev/null | grep -q '"id"' && break
     sleep 0.2
   done
-  "$BUILD/tools/ringlane-bench" --base_url="http://$http/v1" --workload="$workload" \
-    --out="$OUT/http-ringlane-$1" --progress=false >/dev/null 2>"$OUT/http-ringlane-$1/bench.err"
-  "$BUILD/tools/ringlane-bench" --base_url="http://$http/v1" --workload="$resend" \
-    --out="$OUT/http-ringlane-$1/resend" --progress=false >/dev/null \
-    2>"$OUT/http-ringlane-$1/resend.err"
+  bench_http "http://$http/v1" "$OUT/http-ringlane-$1"
   stop_cluster
 }
 http_llamacpp() {
@@ -151,12 +153,7 @@ http_llamacpp() {
   local extra
   extra=$(python3 -c 'import json; print(json.dumps({"ignore_eos": True,
     "logit_bias": [[t, False] for t in range(3, 259)]}))')
-  "$BUILD/tools/ringlane-bench" --base_url="http://127.0.0.1:$port/v1" --workload="$workload" \
-    --server=generic --extra_body="$extra" --out="$dir" --progress=false >/dev/null \
-    2>"$dir/bench.err"
-  "$BUILD/tools/ringlane-bench" --base_url="http://127.0.0.1:$port/v1" --workload="$resend" \
-    --server=generic --extra_body="$extra" --out="$dir/resend" --progress=false >/dev/null \
-    2>"$dir/resend.err"
+  bench_http "http://127.0.0.1:$port/v1" "$dir" --server=generic --extra_body="$extra"
   kill -TERM "$llama_pid" 2>/dev/null || true
   wait "$llama_pid" 2>/dev/null || true
   llama_pid=

@@ -64,6 +64,20 @@ float Hsum16(const float* a) {
   return Hsum8(s);
 }
 
+int64_t Fp8BlockEnd(int64_t offset, int64_t i, int64_t limit) {
+  return std::min(limit, ((offset + i) / kFp8BlockSize + 1) * kFp8BlockSize - offset);
+}
+
+float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c) {
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  return w.dtype == DType::kFP8E4M3 ? v / kFp8Rebias : v;
+}
+
+float ScaledWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  return w.dtype == DType::kFP8E4M3 ? v * w.ScaleAt(r, c) : v;
+}
+
 float Hsum8(const float* a) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
@@ -71,13 +85,6 @@ float Hsum8(const float* a) {
 }  // namespace internal
 
 namespace {
-
-// w'[r][c] for the scalar path, as the vector paths read it: FP8 unscaled
-// (value / kFp8Rebias, exact; the scale is on x), other types as stored.
-inline float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c) {
-  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
-  return w.dtype == DType::kFP8E4M3 ? v / internal::kFp8Rebias : v;
-}
 
 // The scalar kernel over x' (for FP8, scaled for rows [n0, n1)).
 void ScalarKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
@@ -87,7 +94,7 @@ void ScalarKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
   std::vector<float> wrow(static_cast<size_t>(K));
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.Row(n);
-    for (int64_t k = 0; k < K; ++k) wrow[k] = KernelWeight(w, row, k);
+    for (int64_t k = 0; k < K; ++k) wrow[k] = internal::KernelWeight(w, row, k);
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * ldx;
       float a[16] = {};
@@ -129,8 +136,7 @@ void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, i
                       int64_t ldxs) {
   const int64_t K = w.cols;
   for (int64_t k0 = 0; k0 < K;) {
-    const int64_t global = w.col_offset + k0;
-    const int64_t k1 = std::min(K, (global / kFp8BlockSize + 1) * kFp8BlockSize - w.col_offset);
+    const int64_t k1 = internal::Fp8BlockEnd(w.col_offset, k0, K);
     const float s = w.ScaleAt(r, k0) * internal::kFp8Rebias;
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * ldx;
@@ -152,8 +158,7 @@ void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
   if (xs.size() < static_cast<size_t>(M * ldxs)) xs.resize(M * ldxs);
   // One x' per 128-row scale block the range touches.
   for (int64_t a = n0; a < n1;) {
-    const int64_t global = w.row_offset + a;
-    const int64_t b = std::min(n1, (global / kFp8BlockSize + 1) * kFp8BlockSize - w.row_offset);
+    const int64_t b = internal::Fp8BlockEnd(w.row_offset, a, n1);
     ScaleActivations(w, a, x, ldx, M, xs.data(), ldxs);
     RangeKernel(w, xs.data(), ldxs, M, y, ldy, a, b, isa, panel);
     a = b;
@@ -239,10 +244,7 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
   }
 #endif
   const uint8_t* row = w.Row(r);
-  for (int64_t c = 0; c < w.cols; ++c) {
-    const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
-    out[c] = w.dtype == DType::kFP8E4M3 ? v * w.ScaleAt(r, c) : v;
-  }
+  for (int64_t c = 0; c < w.cols; ++c) out[c] = internal::ScaledWeight(w, row, r, c);
 }
 
 void AttendHead(const AttendArgs& args, Isa isa) {

@@ -126,6 +126,17 @@ namespace internal {
 // FP8 weights as the kernels read them: value / kFp8Rebias, exact (E4M3
 // moves bit for bit into F16 with this factor, see kernels_avx2.cc).
 inline constexpr float kFp8Rebias = 256.0f;
+// The scalar pieces every instruction-set file shares. Out of line, like
+// Hsum16, so each is the same portable code whoever calls it (an inline
+// function compiled into an AVX-512 file could be the copy the linker keeps).
+// End of the FP8 scale block (kFp8BlockSize rows or columns) holding index i
+// of a view that starts `offset` into the full matrix, at most `limit`.
+int64_t Fp8BlockEnd(int64_t offset, int64_t i, int64_t limit);
+// One weight as every matmul path multiplies it: FP8 unscaled (value /
+// kFp8Rebias, exact; the scale is on x), other types as stored.
+float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c);
+// One weight as DequantRow gives it: FP8 times its block scale, rounded once.
+float ScaledWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c);
 // The reference path (tests): MatMulRange on the scalar kernels.
 void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1);

@@ -33,27 +33,11 @@
 namespace ringlane::worker::cpu::internal::simd {
 namespace {
 
-// Scalar conversion of one element, equal to what LoadW yields for it (FP8:
-// the stored value / kFp8Rebias, exact).
-inline float ScalarWeight(const Matrix& w, const uint8_t* row, int64_t c) {
-  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
-  return w.dtype == DType::kFP8E4M3 ? v / internal::kFp8Rebias : v;
-}
-
-// End of the run of columns starting at k that share one FP8 scale column.
-// With col_offset % 16 == 0 (checked by the caller) runs are whole 16-column
-// steps.
-inline int64_t ScaleRunEnd(const Matrix& w, int64_t k, int64_t limit) {
-  const int64_t global = w.col_offset + k;
-  const int64_t next = (global / kFp8BlockSize + 1) * kFp8BlockSize - w.col_offset;
-  return std::min(next, limit);
-}
-
 // The tail columns and the final sum of one output, from its 16 lanes.
 inline float Finish(float* a, const float* wrow_or_null, const Matrix* w, const uint8_t* row,
                     const float* xm, int64_t K16, int64_t K) {
   for (int64_t t = K16; t < K; ++t) {
-    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : ScalarWeight(*w, row, t);
+    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : KernelWeight(*w, row, t);
     a[t - K16] = std::fma(wv, xm[t], a[t - K16]);
   }
   // Hsum16 of kernels.h, the same additions in the same tree, inlined here:
@@ -137,17 +121,17 @@ void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
   const int64_t K16 = K & ~int64_t{15};
   const uint8_t* row = w.Row(r);
   if constexpr (D == DType::kFP8E4M3 && scaled) {
+    // Scale runs are whole 16-column steps: col_offset % 16 == 0 (checked by
+    // the caller).
     for (int64_t k = 0; k < K16;) {
-      const int64_t end = ScaleRunEnd(w, k, K16);
+      const int64_t end = Fp8BlockEnd(w.col_offset, k, K16);
       const typename V::Scale s = V::SetScale(w.ScaleAt(r, k) * internal::kFp8Rebias);
       for (; k < end; k += 16) V::Store(V::Mul(V::template LoadW<D>(row, k), s), out + k);
     }
-    for (int64_t t = K16; t < K; ++t) {
-      out[t] = LoadAsFloat(w.dtype, row, static_cast<size_t>(t)) * w.ScaleAt(r, t);
-    }
+    for (int64_t t = K16; t < K; ++t) out[t] = ScaledWeight(w, row, r, t);
   } else {
     for (int64_t k = 0; k < K16; k += 16) V::Store(V::template LoadW<D>(row, k), out + k);
-    for (int64_t t = K16; t < K; ++t) out[t] = ScalarWeight(w, row, t);
+    for (int64_t t = K16; t < K; ++t) out[t] = KernelWeight(w, row, t);
   }
 }
 

@@ -87,7 +87,7 @@ class MatMulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(MatMulTest, AllPathsAndRowCountsAgreeBitForBit) {
   const DType dt = GetParam();
   // Odd rows; K = 300 crosses two 128-blocks and has a 12-column tail, K = 256
-  // has none (the four-output finish).
+  // has none.
   for (const int64_t K : {int64_t{300}, int64_t{256}}) {
     const int64_t N = 37;
     TestMatrix w = MakeMatrix(dt, N, K, 7);
