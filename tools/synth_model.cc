@@ -47,6 +47,11 @@ ABSL_FLAG(int, silent_from, 0,
           "Llama family, > 0: layers from this index on write zero o_proj and down_proj (they "
           "add nothing), so --draft_layers=N with N = this value drafts exactly; for "
           "benchmarks of speculative decoding with a perfect drafter");
+ABSL_FLAG(bool, copier, false,
+          "Llama family: a model that copies (a hand-built induction circuit in layers 0 and 1, "
+          "the rest silent): its greedy continuation of a passage's repeated start repeats the "
+          "passage; for the copy/rewrite workload of speculative decoding. Raises --rope_theta "
+          "from its default to 1e16; e.g. --preset=1b1 --vocab=512 --copier");
 ABSL_FLAG(int, mtp_layers, 0,
           "DeepSeek family: 1 adds a multi-token-prediction layer at index --layers "
           "(num_nextn_predict_layers); 0 = none");
@@ -120,7 +125,11 @@ int main(int argc, char** argv) {
           absl::StrCat("--head_dim must be 0 or a positive even number, got ", o.head_dim));
     }
   }
-  const double theta = absl::GetFlag(FLAGS_rope_theta);
+  o.copier = absl::GetFlag(FLAGS_copier);
+  // The copier matches content on slow rotary pairs, which 10000 lacks.
+  const double theta = o.copier && absl::GetFlag(FLAGS_rope_theta) == 10000.0
+                           ? 1e16
+                           : absl::GetFlag(FLAGS_rope_theta);
   if (!(theta > 0 && theta < 1e30)) ExitWithUsageError("--rope_theta must be positive");
   o.rope_theta = static_cast<float>(theta);
   if (!absl::GetFlag(FLAGS_dtype).empty()) {

@@ -417,7 +417,10 @@ void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, doub
   if (hooks_.drafter != nullptr && result.draft_tokens_proposed() > 0) {
     hooks_.drafter->ObserveDraftCost(propose_us, result.draft_tokens_proposed());
   }
-  cost_.Observe(a.tokens, std::max(0.0, busy_us - propose_us), a.attended);
+  const double worker_us =
+      static_cast<double>(result.compute_time_us() + result.collective_time_us()) - propose_us;
+  cost_.Observe(a.tokens, std::max(0.0, busy_us - propose_us), a.attended,
+                std::max(0.0, worker_us));
   metrics_.round_tokens->Observe(static_cast<double>(a.tokens));
   RecordVerify(round.round, a);
   if (observed != nullptr) {

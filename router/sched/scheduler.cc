@@ -7,7 +7,7 @@
 
 namespace ringlane::router {
 
-void RoundCostModel::Observe(int64_t tokens, double round_us, double attended) {
+void RoundCostModel::Observe(int64_t tokens, double round_us, double attended, double worker_us) {
   const double x1 = static_cast<double>(tokens), x2 = attended, y = round_us;
   auto add = [this](double& acc, double v) { acc = acc * decay_ + v; };
   add(w_, 1);
@@ -20,6 +20,46 @@ void RoundCostModel::Observe(int64_t tokens, double round_us, double attended) {
   add(s1y_, x1 * y);
   add(s2y_, x2 * y);
   ++samples_;
+  if (tokens >= 1 && tokens <= kTableTokens) {
+    // The first rounds of a size set its mean; later ones move it by the
+    // size's own decay (not every round's: a size seen rarely keeps its mean).
+    int64_t& n = size_count_[tokens];
+    const double keep = std::min(decay_, static_cast<double>(n) / static_cast<double>(n + 1));
+    size_mean_[tokens] = size_mean_[tokens] * keep + y * (1 - keep);
+    const double w = worker_us < 0 ? y : std::min(worker_us, y);
+    size_worker_mean_[tokens] = size_worker_mean_[tokens] * keep + w * (1 - keep);
+    ++n;
+  }
+}
+
+double RoundCostModel::SmallRoundUs(int64_t tokens) const {
+  bool any = false;
+  for (int64_t t = 1; t <= kTableTokens && !any; ++t) any = size_count_[t] >= kTableMinSamples;
+  if (!any) return PredictUs(tokens);
+  const double one = size_count_[1] >= kTableMinSamples ? size_mean_[1] : PredictUs(1);
+  return one + std::max(0.0, SizeInterpolated(size_worker_mean_, tokens) -
+                                 SizeInterpolated(size_worker_mean_, 1));
+}
+
+double RoundCostModel::SizeInterpolated(const std::array<double, kTableTokens + 1>& mean,
+                                        int64_t tokens) const {
+  auto measured = [this](int64_t t) { return size_count_[t] >= kTableMinSamples; };
+  int64_t lo = 0, hi = 0;
+  for (int64_t t = std::min(tokens, kTableTokens); t >= 1 && lo == 0; --t) {
+    if (measured(t)) lo = t;
+  }
+  for (int64_t t = std::max<int64_t>(tokens, 1); t <= kTableTokens && hi == 0; ++t) {
+    if (measured(t)) hi = t;
+  }
+  const double slope = per_token_us();
+  if (lo != 0 && lo == hi) return mean[lo];
+  if (lo != 0 && hi != 0) {
+    const double f = static_cast<double>(tokens - lo) / static_cast<double>(hi - lo);
+    return mean[lo] + f * (mean[hi] - mean[lo]);
+  }
+  if (lo != 0) return mean[lo] + slope * static_cast<double>(tokens - lo);
+  if (hi != 0) return std::max(0.0, mean[hi] - slope * static_cast<double>(hi - tokens));
+  return PredictUs(tokens);
 }
 
 namespace {

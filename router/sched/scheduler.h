@@ -4,6 +4,7 @@
 #ifndef RINGLANE_ROUTER_SCHED_SCHEDULER_H_
 #define RINGLANE_ROUTER_SCHED_SCHEDULER_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,12 +30,24 @@ namespace ringlane::router {
 // (other tenants on the cores) within a few dozen rounds. While the rounds
 // seen cannot separate the two slopes (all decode rows, say), or separating
 // them gives a negative one, the context term is dropped (tokens only).
+//
+// Small rounds are also kept per size (SmallRoundUs): on a CPU worker a
+// matmul is memory-bound for a few rows and compute-bound after, so the cost
+// of n rows is not linear where speculative decoding chooses its depth
+// (measured on the 1.1B FP8 model, 2 cores: 5 rows cost 1.7x one row and 9
+// rows 4.2x, where the fit, led by prefill chunks, says 1.2x and 1.5x).
 // Not thread-safe; owned by a group's scheduler thread.
 class RoundCostModel {
  public:
+  // Round sizes kept apart, and the observations a size needs to count.
+  static constexpr int64_t kTableTokens = 64;
+  static constexpr int kTableMinSamples = 2;
+
   explicit RoundCostModel(double decay = 0.97) : decay_(decay) {}
 
-  void Observe(int64_t tokens, double round_us, double attended = 0);
+  // `worker_us`: the workers' own part of round_us (their compute and
+  // collectives), which the per-size table follows; < 0: all of round_us.
+  void Observe(int64_t tokens, double round_us, double attended = 0, double worker_us = -1);
 
   // Rounds observed so far.
   int64_t samples() const { return samples_; }
@@ -48,6 +61,16 @@ class RoundCostModel {
     const Coefficients c = Fit();
     return c.fixed + c.per_token * static_cast<double>(tokens) + c.per_attended * attended;
   }
+  // The time of a round of `tokens` tokens: a one-token round's time plus
+  // what the workers spend on the tokens beyond it, both as measured per size
+  // (decayed means of the recent rounds of exactly that many tokens),
+  // interpolated between the nearest measured sizes and continued with the
+  // fit's slope past the last one; the fit's prediction where no size was
+  // seen. The workers' part, not the round's, measures the extra tokens: a
+  // round that waits for its result (a verify row) and one pipelined behind
+  // another differ in latency, not in work, and the speculator weighs the
+  // latency apart (Speculator::LatencyRatio).
+  double SmallRoundUs(int64_t tokens) const;
 
  private:
   struct Coefficients {
@@ -60,6 +83,12 @@ class RoundCostModel {
   // Decayed sums of weights, x1 (tokens), x2 (attended), y (round time) and
   // their products.
   double w_ = 0, s1_ = 0, s2_ = 0, sy_ = 0, s11_ = 0, s12_ = 0, s22_ = 0, s1y_ = 0, s2y_ = 0;
+  // Per round size up to kTableTokens: the decayed mean round time and
+  // worker time, and how many rounds of that size were seen.
+  double SizeInterpolated(const std::array<double, kTableTokens + 1>& mean, int64_t tokens) const;
+  std::array<double, kTableTokens + 1> size_mean_{};
+  std::array<double, kTableTokens + 1> size_worker_mean_{};
+  std::array<int64_t, kTableTokens + 1> size_count_{};
 };
 
 // Attention pairs of a row of `tokens` tokens starting at `start`.

@@ -40,6 +40,46 @@ TEST(RoundCostModelTest, TimeFallingWithTokensIsNoSlope) {
   EXPECT_GT(m.fixed_us(), 0);
 }
 
+TEST(RoundCostModelTest, SmallRoundsAreMeasuredPerSize) {
+  RoundCostModel m;
+  // A fit from prefill-sized rounds: 1000 + 10 per token.
+  for (int64_t t : {64, 128, 256, 512}) m.Observe(t, 1000 + 10.0 * t);
+  // No small round yet: the fit.
+  EXPECT_NEAR(m.SmallRoundUs(5), 1050, 1e-6);
+  // Rounds of 1 and 9 tokens, twice each, cost far more than the fit says.
+  for (int i = 0; i < 2; ++i) {
+    m.Observe(1, 1000);
+    m.Observe(9, 4200);
+  }
+  EXPECT_NEAR(m.SmallRoundUs(1), 1000, 1e-6);
+  EXPECT_NEAR(m.SmallRoundUs(9), 4200, 1e-6);
+  EXPECT_NEAR(m.SmallRoundUs(5), 2600, 1e-6);  // between the two measured
+  // Past the last measured size (64 was seen once: not enough), the fit's
+  // slope from there.
+  EXPECT_NEAR(m.SmallRoundUs(12), 4200 + 3 * m.per_token_us(), 1e-6);
+  EXPECT_NEAR(m.SmallRoundUs(100), 4200 + 91 * m.per_token_us(), 1e-6);
+  // A measured size follows its own rounds.
+  for (int i = 0; i < 200; ++i) m.Observe(5, 1700);
+  EXPECT_NEAR(m.SmallRoundUs(5), 1700, 1);
+  EXPECT_NEAR(m.SmallRoundUs(7), 1700 + 0.5 * (4200 - 1700), 1);
+}
+
+// A tiny model's round is mostly latency: 9 tokens cost the workers 60 us
+// more than one, though a 9-token round that waited for its result (a verify
+// row, not pipelined) took 500 us longer end to end. The extra tokens cost
+// what the workers spent on them.
+TEST(RoundCostModelTest, ExtraTokensCostTheWorkersTimeNotTheRoundsLatency) {
+  RoundCostModel m;
+  for (int64_t t : {64, 128, 256}) m.Observe(t, 300 + 2.0 * t, 0, 100 + 2.0 * t);
+  for (int i = 0; i < 3; ++i) {
+    m.Observe(1, 300, 0, 100);
+    m.Observe(9, 800, 0, 160);
+  }
+  EXPECT_NEAR(m.SmallRoundUs(1), 300, 1e-6);
+  EXPECT_NEAR(m.SmallRoundUs(9), 360, 1e-6);
+  EXPECT_NEAR(m.SmallRoundUs(5), 330, 1e-6);
+}
+
 RoundCostModel Linear(double fixed_us, double per_token_us) {
   RoundCostModel m;
   for (int64_t t : {1, 8, 32, 128, 256}) m.Observe(t, fixed_us + per_token_us * t);

@@ -141,22 +141,19 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
   if (ls.probe_interval == 0) ls.probe_interval = probe_start_;
 
-  // A draft position pays while its expected tokens beat its share of the
-  // round's cost (see the header).
-  double ratio = kDefaultTokenCostRatio;
-  if (ctx.cost != nullptr && ctx.cost->ready() && ctx.cost->fixed_us() > 0 &&
-      ctx.cost->per_token_us() > 0) {
-    ratio = ctx.cost->per_token_us() / ctx.cost->fixed_us();
-  }
-  // A draft of the workers' draft model also costs its proposal, against
-  // the same fixed cost.
-  double draft_ratio = 0;
-  if (ctx.cost != nullptr && ctx.cost->ready() && ctx.cost->fixed_us() > 0) {
-    draft_ratio = DraftUsPerToken() / ctx.cost->fixed_us();
-  }
-  const double n = static_cast<double>(std::max<int64_t>(1, ctx.decoding_lanes));
-  const double threshold = ratio * n / (1 + ratio * n);
-  const double model_threshold = (ratio + draft_ratio) * n / (1 + ratio * n);
+  // The round's time with `tokens` tokens: measured per size where the
+  // group has seen rounds of about that size (a verify row's cost is not
+  // linear on a CPU), else fixed + per_token * tokens, in units of the fixed
+  // part until the model is ready. A draft of the workers' draft model also
+  // costs its proposal.
+  const bool measured = ctx.cost != nullptr && ctx.cost->ready();
+  auto round_cost = [&](int64_t tokens) {
+    return measured ? ctx.cost->SmallRoundUs(tokens)
+                    : 1.0 + kDefaultTokenCostRatio * static_cast<double>(tokens);
+  };
+  const double draft_cost = measured ? DraftUsPerToken() : 0.0;
+  const int64_t lanes = std::max<int64_t>(1, ctx.decoding_lanes);
+  const double n = static_cast<double>(lanes);
 
   int best = -1, best_k = 0, best_class = 0;
   double best_value = -1;
@@ -181,15 +178,25 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     double full = 0;
     for (int j = 0; j < cap; ++j) full = a * (1 + full);
     potential = std::max(potential, full);
-    const double cut = static_cast<int>(s) == model_source_ ? model_threshold : threshold;
+    // The depth that gives the round the most expected tokens per unit of
+    // time: its N lanes' plain tokens plus this lane's expected accepted
+    // drafts, over the round's cost with the drafts' positions (and
+    // proposals) added. Without adaptive depth, all the source proposes.
+    const double per_draft = static_cast<int>(s) == model_source_ ? draft_cost : 0.0;
     int k = 0;
-    double value = 0, term = 1;
+    double value = 0, term = 1, sum = 0;
+    double best_rate = n / std::max(1e-9, round_cost(lanes));
     const int len = static_cast<int>(prop.tokens.size());
-    while (k < len) {
+    for (int j = 1; j <= len; ++j) {
       term *= a;
-      if (o_.adaptive && term <= cut) break;
-      value += term;
-      ++k;
+      sum += term;
+      const double rate =
+          (n + sum) / std::max(1e-9, round_cost(lanes + j) + per_draft * static_cast<double>(j));
+      if (!o_.adaptive || rate > best_rate) {
+        best_rate = rate;
+        k = j;
+        value = sum;
+      }
     }
     if (value > best_value) {
       best = static_cast<int>(s);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "boost/asio/ip/tcp.hpp"
@@ -480,6 +482,41 @@ TEST(FakeServerTest, RinglaneModeSendsExtensionsAndChecksMetrics) {
   EXPECT_THAT(md, Not(HasSubstr("DIFFERS")));
   // 8 tokens in 5 sampling rows per request; no speculation counters.
   EXPECT_THAT(md, HasSubstr("| 1.60 | n/a | n/a |"));
+}
+
+// "document": "words": the documents are fresh words, not completions, so
+// the server sees only the recorded requests, each a document of exactly
+// document_tokens tokens, a newline and the document's first quarter.
+TEST(FakeServerTest, CopyPromptsOfWordsAskTheServerForNoDocument) {
+  FakeOptions fake;
+  fake.first_chunk_ms = 20;
+  fake.gap_ms = 10;
+  FakeServer server(fake);
+  Workload w = TestWorkload({2}, 3);
+  Stage& st = w.stages[0];
+  st.mode = StageMode::kCopy;
+  st.prompt_tokens.values = {4};
+  st.document_tokens.values = {20};
+  st.copy_prefix_fraction = 0.25;
+  st.document_from_words = true;
+  absl::StatusOr<RunResult> run =
+      RunWorkload(w, Options(server, ServerKind::kRinglane, /*logprobs=*/true));
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->samples.size(), 3u);
+  std::set<std::string> prompts;
+  for (const json& b : server.completion_bodies()) {
+    EXPECT_EQ(b["max_tokens"], 8);
+    const std::string prompt = b["prompt"];
+    const size_t nl = prompt.find('\n');
+    ASSERT_NE(nl, std::string::npos) << prompt;
+    const std::vector<std::string> doc = absl::StrSplit(prompt.substr(0, nl), ' ');
+    EXPECT_EQ(doc.size(), 19u);  // 20 tokens with the BOS
+    EXPECT_EQ(prompt.substr(nl + 1), absl::StrJoin(doc.begin(), doc.begin() + 5, " "));
+    prompts.insert(prompt);
+  }
+  EXPECT_EQ(prompts.size(), 3u);  // a fresh document per request
+  EXPECT_EQ(run->levels[0].document_requests, 0);
+  for (const RequestSample& s : run->samples) EXPECT_TRUE(s.ok()) << s.error;
 }
 
 TEST(FakeServerTest, CopyPromptsRepeatTheServersOwnDocument) {

@@ -373,6 +373,20 @@ void StreamLoop(LevelState& st, int stream) {
   }
 }
 
+// kCopy: the prompt made of `document` (the document, a newline, its start).
+void FinishCopyPrompt(LevelState& st, ApiClient& client, const std::string& document,
+                      PreparedPrompt* out) {
+  out->prompt.text = CopyPromptText(document, st.stage->copy_prefix_fraction);
+  out->prompt.tokens = -1;  // unknown without the server's tokenizer
+  if (st.prompts->calibrated()) {
+    absl::StatusOr<int64_t> n = client.CountTokens(out->prompt.text);
+    if (n.ok()) {
+      out->prompt.tokens = *n;
+      out->prompt.exact = true;
+    }
+  }
+}
+
 // kCopy, before the level: each request's document, the server's greedy
 // completion of a fresh seed, made by `concurrency` threads; the prompts
 // land in st.prepared.
@@ -396,6 +410,16 @@ void PrepareCopyPrompts(LevelState& st, LevelResult* r) {
       PreparedPrompt& out = st.prepared[static_cast<size_t>(index)];
       if (st.options->stop_requested && st.options->stop_requested()) {
         out.status = absl::CancelledError("the run was interrupted before its document");
+        continue;
+      }
+      if (stage.document_from_words) {
+        absl::StatusOr<Prompt> words = MakePrompt(st, **client, stage.document_tokens, index, 0);
+        if (!words.ok()) {
+          out.status = words.status();
+          continue;
+        }
+        if (bar != nullptr) bar->Add(1);
+        FinishCopyPrompt(st, **client, words->text, &out);
         continue;
       }
       absl::StatusOr<Prompt> seed = MakePrompt(st, **client, stage.prompt_tokens, index, 0);
@@ -428,15 +452,7 @@ void PrepareCopyPrompts(LevelState& st, LevelResult* r) {
         out.status = absl::InternalError("the document came back empty");
         continue;
       }
-      out.prompt.text = CopyPromptText(doc.text, stage.copy_prefix_fraction);
-      out.prompt.tokens = -1;  // unknown without the server's tokenizer
-      if (st.prompts->calibrated()) {
-        absl::StatusOr<int64_t> n = (*client)->CountTokens(out.prompt.text);
-        if (n.ok()) {
-          out.prompt.tokens = *n;
-          out.prompt.exact = true;
-        }
-      }
+      FinishCopyPrompt(st, **client, doc.text, &out);
     }
   };
   std::vector<std::thread> threads;

@@ -128,7 +128,7 @@ absl::StatusOr<Stage> ParseStage(const json& s, const std::string& where) {
           CheckFields(s,
                       {"name", "mode", "concurrency", "prompt_tokens", "turn_tokens", "turns",
                        "output_tokens", "requests", "requests_per_stream", "duration_s", "warmup",
-                       "document_tokens", "copy_prefix_fraction", "distinct_prompts"},
+                       "document_tokens", "copy_prefix_fraction", "document", "distinct_prompts"},
                       where);
       !st.ok()) {
     return st;
@@ -231,13 +231,19 @@ absl::StatusOr<Stage> ParseStage(const json& s, const std::string& where) {
       return absl::InvalidArgumentError(w + ".copy_prefix_fraction: a fraction in [0, 1]");
     }
     stage.copy_prefix_fraction = *fraction;
+    absl::StatusOr<std::string> document = GetString(s, "document", "model", w);
+    if (!document.ok()) return document.status();
+    if (*document != "model" && *document != "words") {
+      return absl::InvalidArgumentError(w + ".document: \"model\" or \"words\"");
+    }
+    stage.document_from_words = *document == "words";
     // The documents are made before the level, so their number must be known.
     if (stage.requests == 0 && stage.requests_per_stream == 0) {
       return absl::InvalidArgumentError(w +
                                         ": mode \"copy\" needs requests or requests_per_stream");
     }
   } else {
-    for (const char* key : {"document_tokens", "copy_prefix_fraction"}) {
+    for (const char* key : {"document_tokens", "copy_prefix_fraction", "document"}) {
       if (s.contains(key)) {
         return absl::InvalidArgumentError(absl::StrCat(w, ".", key, ": only for mode \"copy\""));
       }

@@ -75,6 +75,10 @@ struct Stage {
   // its words repeated after it in the prompt, in [0, 1].
   LengthDist document_tokens;
   double copy_prefix_fraction = 0.25;
+  // kCopy, "document": "words": D is fresh words of document_tokens tokens
+  // (a text the model did not write, as a pasted document is) instead of the
+  // server's completion; prompt_tokens is then unused.
+  bool document_from_words = false;
   // kAgentic: the pool of prompts the requests cycle through.
   int distinct_prompts = 4;
   // kConversation: words of each turn's question.

@@ -91,6 +91,7 @@ TEST(ParseWorkloadTest, CopyAndAgenticFields) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_THAT(w->stages[0].document_tokens.values, ElementsAre(20, 40));
   EXPECT_EQ(w->stages[0].copy_prefix_fraction, 0.25);  // the default
+  EXPECT_FALSE(w->stages[0].document_from_words);      // the default: the model's text
   EXPECT_EQ(w->stages[1].distinct_prompts, 3);
   EXPECT_STREQ(StageModeName(w->stages[0].mode), "copy");
   EXPECT_STREQ(StageModeName(w->stages[1].mode), "agentic");
@@ -164,6 +165,12 @@ TEST(ParseWorkloadTest, RejectsMistakesByName) {
       {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
           "document_tokens": 32}]})",
        "document_tokens: only for mode \"copy\""},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "mode": "copy", "document_tokens": 32, "document": "book"}]})",
+       "document: \"model\" or \"words\""},
+      {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
+          "document": "words"}]})",
+       "document: only for mode \"copy\""},
       {R"({"name": "x", "stages": [{"name": "a", "prompt_tokens": 8, "requests": 1,
           "distinct_prompts": 2}]})",
        "distinct_prompts: only for mode \"agentic\""},

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -62,6 +63,8 @@ struct TensorPlan {
   int shard = 0;
   int index = -1;        // in its shard's writer
   int scale_index = -1;  // likewise, for the scale tensor
+  // Set: the element at (row, col) instead of the kind's random value.
+  std::function<float(int64_t row, int64_t col)> fn;
 };
 
 float Value(Kind kind, uint64_t key, int64_t index, float linear_std) {
@@ -94,7 +97,13 @@ absl::Status WriteRowBlock(const TensorPlan& t, uint64_t seed, int64_t r0, Safet
   const float linear_std = 1.0f / std::sqrt(static_cast<float>(cols));
   fbuf->resize(n * cols);
   float* f = fbuf->data();
-  for (int64_t i = 0; i < n * cols; ++i) f[i] = Value(t.kind, key, r0 * cols + i, linear_std);
+  if (t.fn) {
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < cols; ++c) f[r * cols + c] = t.fn(r0 + r, c);
+    }
+  } else {
+    for (int64_t i = 0; i < n * cols; ++i) f[i] = Value(t.kind, key, r0 * cols + i, linear_std);
+  }
 
   const size_t es = DTypeSize(t.dtype);
   bbuf->resize(n * cols * es);
@@ -139,6 +148,129 @@ absl::Status WriteRowBlock(const TensorPlan& t, uint64_t seed, int64_t r0, Safet
   return w->WriteAt(t.index, static_cast<size_t>(r0 * cols * es),
                     absl::MakeConstSpan(out, n * cols * es));
 }
+
+// SyntheticModelOptions::copier: an induction circuit in two Llama layers.
+// The residual stream holds, by dimension: [0, V) the token's one-hot,
+// [V, V+K) the code of the token before, [V+K, V+2K) the code of the one
+// before that, [V+2K, V+3K) the code of the copied token, and hidden-1 a
+// constant that gives the position-only queries and keys something to read.
+// A code is K = kv_heads * 64 random signs, each KV head carrying 64 of them.
+//
+// Layer 0: in each KV group, query head 0 attends to position p-1 and head 1
+// to p-2 by rotary phase alone (the fast pairs 0..5 of a constant query and
+// key, the query turned back by one or two positions), and their values are
+// the token's code, written to the two "before" slots. Layer 1: query head 0
+// of each group holds the current token's code on the first halves of the
+// slow pairs 8..31 and the previous token's code on their second halves; the
+// keys hold the "before" and "before that" codes of their position, so a key
+// scores 48 where both match, 24 where one does, and about 0 +- 7 otherwise.
+// With rope_theta >= 1e15 those pairs turn by at most 1e-4 rad per position,
+// so the match barely depends on distance. The value is the token's code; the
+// output layer reads the copied code against every token's. The margins were
+// chosen with a float64 model of these weights quantized to FP8: the copied
+// token wins by about 18 logits over 300 positions.
+class CopierCircuit {
+ public:
+  static constexpr int kHeadDim = 64;
+
+  CopierCircuit(const SyntheticModelOptions& o, int64_t hidden, int heads, int kv_heads, int vocab,
+                double rope_theta)
+      : H_(hidden), V_(vocab), G_(heads / kv_heads), K_(int64_t{kv_heads} * kHeadDim) {
+    for (int i = 0; i < kHeadDim / 2; ++i) {
+      inv_freq_[i] = std::pow(rope_theta, -2.0 * i / kHeadDim);
+    }
+    const uint64_t key = TensorKey(o.seed, "copier.codes");
+    code_.resize(static_cast<size_t>(V_ * K_));
+    for (int64_t i = 0; i < V_ * K_; ++i) code_[i] = (Mix(key + i) & 1) != 0 ? 1.0f : -1.0f;
+    // RMSNorm's factor at each layer's input (norm weights are 1), for a
+    // stream of one-hot + constant, then plus two codes, then three.
+    n0_ = std::sqrt(static_cast<double>(H_) / 2.0);
+    n1_ = std::sqrt(static_cast<double>(H_) / (2.0 + 2.0 * K_));
+    nf_ = std::sqrt(static_cast<double>(H_) / (2.0 + 3.0 * K_));
+  }
+
+  float Embedding(int64_t t, int64_t c) const { return c == t || c == H_ - 1 ? 1.0f : 0.0f; }
+  float Norm(int64_t, int64_t) const { return 1.0f; }
+
+  // Layer 0: position heads.
+  float Q0(int64_t r, int64_t c) const {
+    const int64_t h = r / kHeadDim, i = r % kHeadDim, d = h % G_;
+    if (c != H_ - 1 || d > 1) return 0.0f;
+    const double back = static_cast<double>(d + 1);
+    if (i < kPosPairs) return static_cast<float>(kPos * std::cos(back * inv_freq_[i]) / n0_);
+    if (i >= kHalf && i < kHalf + kPosPairs) {
+      return static_cast<float>(-kPos * std::sin(back * inv_freq_[i - kHalf]) / n0_);
+    }
+    return 0.0f;
+  }
+  float K0(int64_t r, int64_t c) const {
+    return c == H_ - 1 && r % kHeadDim < kPosPairs ? static_cast<float>(kPos / n0_) : 0.0f;
+  }
+  float V0(int64_t r, int64_t c) const { return Value(r, c, n0_); }
+  float O0(int64_t r, int64_t c) const {
+    const int64_t h = c / kHeadDim, dd = c % kHeadDim, g = h / G_, d = h % G_;
+    if (d == 0) return r == V_ + g * kHeadDim + dd ? 1.0f : 0.0f;
+    if (d == 1) return r == V_ + K_ + g * kHeadDim + dd ? 1.0f : 0.0f;
+    return 0.0f;
+  }
+
+  // Layer 1: the induction head.
+  float Q1(int64_t r, int64_t c) const {
+    const int64_t h = r / kHeadDim, i = r % kHeadDim, g = h / G_;
+    if (h % G_ != 0) return 0.0f;
+    if (i >= kContentFrom && i < kHalf) {  // the current token
+      const int64_t e = i - kContentFrom;
+      return c < V_ ? static_cast<float>(kContent * Code(c, g * kHeadDim + e) / n1_) : 0.0f;
+    }
+    if (i >= kHalf + kContentFrom) {  // the token before it
+      const int64_t e = i - kHalf - kContentFrom;
+      return c == V_ + g * kHeadDim + kHalf + e ? static_cast<float>(kContent / n1_) : 0.0f;
+    }
+    return 0.0f;
+  }
+  float K1(int64_t r, int64_t c) const {
+    const int64_t g = r / kHeadDim, i = r % kHeadDim;
+    if (i >= kContentFrom && i < kHalf) {
+      return c == V_ + g * kHeadDim + (i - kContentFrom) ? static_cast<float>(kContent / n1_)
+                                                         : 0.0f;
+    }
+    if (i >= kHalf + kContentFrom) {
+      const int64_t e = i - kHalf - kContentFrom;
+      return c == V_ + K_ + g * kHeadDim + kHalf + e ? static_cast<float>(kContent / n1_) : 0.0f;
+    }
+    return 0.0f;
+  }
+  float V1(int64_t r, int64_t c) const { return Value(r, c, n1_); }
+  float O1(int64_t r, int64_t c) const {
+    const int64_t h = c / kHeadDim, dd = c % kHeadDim, g = h / G_;
+    return h % G_ == 0 && r == V_ + 2 * K_ + g * kHeadDim + dd ? 1.0f : 0.0f;
+  }
+
+  float Head(int64_t t, int64_t c) const {
+    const int64_t o = c - (V_ + 2 * K_);
+    return o >= 0 && o < K_ ? static_cast<float>(kHeadGain * Code(t, o) / nf_) : 0.0f;
+  }
+
+ private:
+  static constexpr int kHalf = kHeadDim / 2;
+  static constexpr int kPosPairs = 6;
+  static constexpr int kContentFrom = 8;
+  // Logits per unit: the position heads score 30 * (sum of 6 cosines) / 6
+  // (the attention scale is 1/8), the induction head 30 at a full match.
+  static constexpr double kPos = 6.324555320336759;     // sqrt(8 * 30 / 6)
+  static constexpr double kContent = 2.23606797749979;  // sqrt(8 * 30 / 48)
+  static constexpr double kHeadGain = 0.08;
+
+  float Code(int64_t t, int64_t d) const { return code_[static_cast<size_t>(t * K_ + d)]; }
+  float Value(int64_t r, int64_t c, double norm) const {
+    return c < V_ ? static_cast<float>(Code(c, r) / norm) : 0.0f;
+  }
+
+  int64_t H_, V_, G_, K_;
+  double inv_freq_[kHeadDim / 2];
+  std::vector<float> code_;
+  double n0_, n1_, nf_;
+};
 
 std::string TorchDType(DType d) {
   switch (d) {
@@ -571,28 +703,62 @@ absl::Status WriteSyntheticModel(const SyntheticModelOptions& o,
   for (int l = 0; l < c.layers && deepseek; ++l) {
     AddDeepseekLayer(c, o, l, o.dtype, add_matrix, add_vector, add_shaped);
   }
+  std::shared_ptr<const CopierCircuit> copier;
+  if (o.copier) {
+    if (deepseek || c.head_dim != CopierCircuit::kHeadDim || c.heads % c.kv_heads != 0 ||
+        c.heads / c.kv_heads < 2 || c.layers < 2 || c.tie_embeddings ||
+        int64_t{c.vocab} + 3 * int64_t{c.kv_heads} * CopierCircuit::kHeadDim >= H ||
+        !(c.rope_theta >= 1e15f) || !c.rope_scaling.type.empty()) {
+      return absl::InvalidArgumentError(
+          "synthetic model: copier needs the llama family, head_dim 64, at least 2 query heads "
+          "per KV head, 2 or more layers, untied embeddings, vocab + 3 * kv_heads * 64 < hidden "
+          "and rope_theta >= 1e15 without scaling");
+    }
+    copier = std::make_shared<CopierCircuit>(o, H, c.heads, c.kv_heads, c.vocab, c.rope_theta);
+  }
+  // With the copier, `fn` of the last tensor planned becomes its element.
+  auto copier_fn = [&](float (CopierCircuit::*element)(int64_t, int64_t) const) {
+    if (copier == nullptr) return;
+    plan.back().fn = [copier, element](int64_t r, int64_t col) {
+      return ((*copier).*element)(r, col);
+    };
+  };
+  if (!deepseek) copier_fn(&CopierCircuit::Embedding);
   for (int l = 0; l < c.layers && !deepseek; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
+    const bool circuit = l < 2;
     add_norm(p + "input_layernorm.weight");
+    copier_fn(&CopierCircuit::Norm);
     add_matrix(p + "self_attn.q_proj.weight", Kind::kLinear, q_dim, H, o.dtype);
+    if (circuit) copier_fn(l == 0 ? &CopierCircuit::Q0 : &CopierCircuit::Q1);
     add_matrix(p + "self_attn.k_proj.weight", Kind::kLinear, kv_dim, H, o.dtype);
+    if (circuit) copier_fn(l == 0 ? &CopierCircuit::K0 : &CopierCircuit::K1);
     add_matrix(p + "self_attn.v_proj.weight", Kind::kLinear, kv_dim, H, o.dtype);
-    // Layers from silent_from on add nothing to the residual stream.
-    const Kind out = o.silent_from > 0 && l >= o.silent_from ? Kind::kZero : Kind::kLinear;
+    if (circuit) copier_fn(l == 0 ? &CopierCircuit::V0 : &CopierCircuit::V1);
+    // Layers from silent_from on add nothing to the residual stream; the
+    // copier's MLPs add nothing anywhere and its layers from 2 on are silent.
+    const int silent_from = copier != nullptr ? 2 : o.silent_from;
+    const Kind out = silent_from > 0 && l >= silent_from ? Kind::kZero : Kind::kLinear;
     add_matrix(p + "self_attn.o_proj.weight", out, H, q_dim, o.dtype);
+    if (circuit) copier_fn(l == 0 ? &CopierCircuit::O0 : &CopierCircuit::O1);
     add_norm(p + "post_attention_layernorm.weight");
+    copier_fn(&CopierCircuit::Norm);
     add_matrix(p + "mlp.gate_proj.weight", Kind::kLinear, I, H, o.dtype);
     add_matrix(p + "mlp.up_proj.weight", Kind::kLinear, I, H, o.dtype);
-    add_matrix(p + "mlp.down_proj.weight", out, H, I, o.dtype);
+    add_matrix(p + "mlp.down_proj.weight", copier != nullptr ? Kind::kZero : out, H, I, o.dtype);
   }
   add_norm("model.norm.weight");
+  copier_fn(&CopierCircuit::Norm);
   if (c.hyper.enabled() && o.hc_head) {
     add_shaped("model.hc_head_fn", Kind::kLinear, c.hyper.mult, c.hyper.mult * H,
                std::vector<int64_t>{c.hyper.mult, c.hyper.mult * H});
     add_vector("model.hc_head_base", Kind::kBias, c.hyper.mult);
     add_vector("model.hc_head_scale", Kind::kNorm, 1);
   }
-  if (!c.tie_embeddings) add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);
+  if (!c.tie_embeddings) {
+    add_matrix("lm_head.weight", Kind::kLinear, c.vocab, H, o.dtype);
+    copier_fn(&CopierCircuit::Head);
+  }
   // Last, as the published checkpoints keep the MTP layer in their last shards.
   // shared_head.head is written even with tied embeddings: DeepSeek-V3 stores
   // its own copy.

@@ -82,6 +82,20 @@ struct SyntheticModelOptions {
   // --draft_layers=silent_from self-drafter always agrees, for measuring
   // speculative decoding's machinery with a perfect, cheap drafter.
   int silent_from = 0;
+  // Llama family: a model that copies. Layers 0 and 1 are a hand-built
+  // induction circuit (layer 0's heads write the previous two tokens' codes
+  // into the residual stream; layer 1's head finds the earlier position whose
+  // two predecessors are the current and previous tokens and copies the token
+  // there), every later layer is silent, and the output layer reads the copied
+  // token's code. So the greedy continuation of a text that repeats the start
+  // of an earlier passage repeats that passage, at the memory cost of every
+  // layer: the copy/rewrite workload of speculative decoding on a
+  // memory-bound model (no trained checkpoint of that size is available
+  // here). Needs head_dim 64, at least 2 query heads per KV head,
+  // vocab + 3 * kv_heads * 64 < hidden and rope_theta of at least 1e15 (the
+  // circuit matches content on the slow rotary pairs); a text without such a
+  // repeat gets an arbitrary but deterministic continuation.
+  bool copier = false;
   // glm5_next only: one L (Kimi Delta Attention) or F (MLA) per layer, the
   // linear layers' heads, head size and convolution taps, and the gate's
   // lower bound (0: the softplus gate, no linear_lower_bound key).
