@@ -31,6 +31,7 @@
 #include "services/health_port.h"
 #include "services/listener_tls.h"
 #include "services/log.h"
+#include "services/rdma.h"
 #include "services/signals.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50071", "host:port to serve gRPC on; port 0 picks one");
@@ -60,6 +61,15 @@ ABSL_FLAG(std::string, shm_dir, "/dev/shm",
           "where clients on this node put the shared-memory segments payloads travel through "
           "(AttachShm); empty = gRPC only");
 ABSL_FLAG(int, max_shm_segments, 64, "shared-memory segments attached at once (one per client)");
+ABSL_FLAG(std::string, rdma, "auto",
+          "RDMA verbs transport (AttachRdma): auto (where a device exists), on (no device is an "
+          "error), off");
+ABSL_FLAG(std::string, rdma_device, "",
+          "RDMA device as NAME[:PORT[:GID_INDEX]] (empty: the first device, port 1, GID index 0)");
+ABSL_FLAG(int64_t, max_rdma_bytes, int64_t{256} << 20,
+          "largest registered (pinned) buffer one RDMA client gets");
+ABSL_FLAG(int, max_rdma_clients, 16,
+          "RDMA clients attached at once (a queue pair and a buffer each)");
 // Short: every kvstore call is bounded by its client's deadline (hundreds of
 // ms), and gRPC's Shutdown waits out the whole deadline while any client
 // keeps a connection open, even an idle one.
@@ -139,8 +149,16 @@ int main(int argc, char** argv) {
       Range("max_keys_per_request", absl::GetFlag(FLAGS_max_keys_per_request), 1, 1 << 20),
       Range("max_concurrent_calls", absl::GetFlag(FLAGS_max_concurrent_calls), 1, 4096),
       Range("max_shm_segments", absl::GetFlag(FLAGS_max_shm_segments), 1, 4096),
+      Range("max_rdma_bytes", absl::GetFlag(FLAGS_max_rdma_bytes), 4096, 16 * 1073741824.0),
+      Range("max_rdma_clients", absl::GetFlag(FLAGS_max_rdma_clients), 1, 1024),
       Range("drain_timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms), 1, 3600000),
   });
+  auto rdma_mode = rs::ParseRdmaMode(absl::GetFlag(FLAGS_rdma));
+  if (!rdma_mode.ok()) ExitWithUsageError(absl::StrCat("--rdma: ", rdma_mode.status().message()));
+  auto rdma_spec = rs::ParseRdmaDeviceSpec(absl::GetFlag(FLAGS_rdma_device));
+  if (!rdma_spec.ok()) {
+    ExitWithUsageError(absl::StrCat("--rdma_device: ", rdma_spec.status().message()));
+  }
   const std::string disk_dir = absl::GetFlag(FLAGS_disk_dir);
   if (!disk_dir.empty()) {
     std::error_code ec;
@@ -173,6 +191,41 @@ int main(int argc, char** argv) {
   limits.max_concurrent_calls = absl::GetFlag(FLAGS_max_concurrent_calls);
   limits.shm_dir = absl::GetFlag(FLAGS_shm_dir);
   limits.max_shm_segments = absl::GetFlag(FLAGS_max_shm_segments);
+  limits.max_rdma_bytes = absl::GetFlag(FLAGS_max_rdma_bytes);
+  limits.max_rdma_clients = absl::GetFlag(FLAGS_max_rdma_clients);
+  {
+    // Where a device exists it is opened once, here; without one (or with
+    // --rdma=off) AttachRdma is refused and clients stay on shared memory
+    // or gRPC. --rdma=on without a usable device stops the daemon.
+    std::string why;
+    auto device = rs::ResolveRdma(*rdma_mode, *rdma_spec, &why);
+    if (!device.ok()) {
+      RL_LOG(ERROR) << "--rdma=" << rs::RdmaModeName(*rdma_mode) << ": "
+                    << device.status().message();
+      return 1;
+    }
+    if (device->has_value()) {
+      auto opened = rs::RdmaDevice::Open(**device);
+      if (opened.ok()) {
+        limits.rdma_device = *opened;
+        RL_LOG(INFO) << "RDMA on " << (*device)->name << " port " << (*device)->port
+                     << ", GID index " << (*device)->gid_index << ": up to "
+                     << limits.max_rdma_clients << " clients of " << limits.max_rdma_bytes
+                     << " bytes";
+      } else if (*rdma_mode == rs::RdmaMode::kOn) {
+        RL_LOG(ERROR) << "--rdma=on: " << opened.status().message();
+        return 1;
+      } else {
+        why = absl::StrCat("RDMA unavailable: ", opened.status().message());
+      }
+    }
+    if (limits.rdma_device == nullptr) {
+      limits.rdma_unavailable = absl::StrCat(why, " on this kvstore");
+      RL_LOG(INFO) << why << "; clients use "
+                   << (limits.shm_dir.empty() ? "gRPC"
+                                              : "shared memory on this node, gRPC otherwise");
+    }
+  }
   rk::KvStoreService service(store->get(), limits);
 
   // Metrics first, so that a port clash fails before the service listens.

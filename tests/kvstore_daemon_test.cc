@@ -6,6 +6,7 @@
 // kvstore_faults_test.cc.
 #include <signal.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "services/rdma.h"
 #include "tests/support/kvstore.h"
 
 namespace ringlane::testing {
@@ -108,6 +110,93 @@ TEST(KvstoreDaemonTest, SharedMemoryCarriesPayloadsAndFallsBackToGrpc) {
   EXPECT_EQ(got->blocks.size(), 4u);
   EXPECT_FALSE(g->shm_attached());
   EXPECT_EQ(g->shm_bytes_moved(), 0);
+}
+
+// RDMA where there is no device (this machine, and every machine the
+// project's tests run on so far): the store refuses AttachRdma cleanly and
+// says why once in its log, knows no region, and a client asked to use RDMA
+// falls back to shared memory or gRPC with identical, verified blocks. The
+// verbs data path itself has never run here.
+TEST(KvstoreDaemonTest, WithoutAnRdmaDeviceAttachIsRefusedAndClientsFallBack) {
+  if (!services::RdmaDeviceNames().empty()) GTEST_SKIP() << "this machine has RDMA devices";
+  const std::vector<std::string> p = Payloads(4);
+  for (const std::string mode : {"auto", "off"}) {
+    SCOPED_TRACE(mode);
+    auto d = StartKvstore({"--rdma=" + mode});
+    ASSERT_NE(d, nullptr);
+    EXPECT_NE(d->Stderr().find(mode == "off" ? "RDMA is off" : "RDMA unavailable: no RDMA device"),
+              std::string::npos)
+        << d->Stderr();
+    auto stub = v1::KvStore::NewStub(
+        grpc::CreateChannel(d->address("kvstore"), grpc::InsecureChannelCredentials()));
+    auto call = [](auto fn) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      return fn(&ctx);
+    };
+    // A well-formed request, as a client with a device would send it.
+    services::RdmaQpAddress a;
+    a.lid = 1;
+    a.gid[15] = 1;
+    a.qpn = 77;
+    v1::AttachRdmaRequest attach;
+    services::RdmaQpAddressToProto(a, attach.mutable_qp());
+    attach.set_size_bytes(1 << 20);
+    v1::AttachRdmaResponse attached;
+    grpc::Status st =
+        call([&](grpc::ClientContext* ctx) { return stub->AttachRdma(ctx, attach, &attached); });
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    EXPECT_NE(st.error_message().find(mode == "off" ? "RDMA is off" : "no RDMA device"),
+              std::string::npos)
+        << st.error_message();
+    // A region it never attached.
+    const std::string region = "rdma-" + std::string(32, '0');
+    v1::PutRdmaRequest put;
+    put.set_region(region);
+    v1::RdmaBlock* b = put.add_blocks();
+    *b->mutable_key() = KvKey(0);
+    b->set_offset(0);
+    b->set_length(1000);
+    v1::PutResponse put_resp;
+    EXPECT_EQ(call([&](grpc::ClientContext* ctx) {
+                return stub->PutRdma(ctx, put, &put_resp);
+              }).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    v1::GetRdmaRequest get;
+    get.set_region(region);
+    *get.add_keys() = KvKey(0);
+    v1::GetRdmaResponse get_resp;
+    EXPECT_EQ(call([&](grpc::ClientContext* ctx) {
+                return stub->GetRdma(ctx, get, &get_resp);
+              }).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+
+    // Clients that want RDMA (as --kvstore_rdma=on would make them, the
+    // device check aside): with a shared-memory segment, and gRPC alone.
+    for (const int64_t shm_bytes : {int64_t{1} << 20, int64_t{0}}) {
+      SCOPED_TRACE(shm_bytes);
+      services::KvStoreClientOptions o = ShmOptions(shm_bytes);
+      o.rdma_bytes = 1 << 20;
+      auto c = services::KvStoreClient::Connect(d->address("kvstore"), o);
+      const int first = shm_bytes > 0 ? 0 : 10;
+      absl::StatusOr<v1::PutResponse> r = c->Put(Blocks(p, first));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->num_blocks(), 4);
+      absl::StatusOr<services::KvGetResult> got = c->GetPrefix(Chain(first, 4));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(got->stopped.ok()) << got->stopped;
+      ASSERT_EQ(got->blocks.size(), 4u);
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(got->blocks[i].payload, p[i]) << i;
+        EXPECT_EQ(got->blocks[i].xxh64, XXH64(p[i].data(), p[i].size(), 0)) << i;
+      }
+      EXPECT_FALSE(c->rdma_attached());
+      EXPECT_EQ(c->rdma_bytes_moved(), 0);
+      EXPECT_EQ(c->checksum_failures(), 0);
+      EXPECT_EQ(c->shm_attached(), shm_bytes > 0);
+      EXPECT_EQ(c->shm_bytes_moved(), shm_bytes > 0 ? static_cast<int64_t>(8 * kBlockBytes) : 0);
+    }
+  }
 }
 
 // --health_listen: plaintext health alone, for probes without a certificate.
@@ -290,11 +379,29 @@ TEST(KvstoreDaemonTest, ItRefusesToStartWhenItCannotServe) {
       {{"--disk_dir=" + file}, 2, "not a directory"},
       {{"--listen=0.0.0.0:0"}, 2, "TLS is off"},
       {{"--tls_ca=/nonexistent"}, 2, "--tls"},
+      {{"--rdma=yes"}, 2, "--rdma: 'yes' is none of auto, on, off"},
+      {{"--rdma_device=mlx5_0:0"}, 2, "--rdma_device"},
+      {{"--max_rdma_bytes=0"}, 2, "--max_rdma_bytes"},
+      {{"--max_rdma_clients=0"}, 2, "--max_rdma_clients"},
   };
   for (const Case& c : cases) {
     RunResult r = RunToExit(kKvstoreBin, c.args, std::chrono::seconds(20));
     EXPECT_EQ(r.code, c.code) << c.args[0] << ": " << r.err;
     EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args[0] << ": " << r.err;
+  }
+  // RDMA required (or a device named) where there is none: status 1, as
+  // for any resource it cannot use.
+  if (services::RdmaDeviceNames().empty()) {
+    RunResult r =
+        RunToExit(kKvstoreBin, {"--listen=127.0.0.1:0", "--rdma=on"}, std::chrono::seconds(20));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("--rdma=on: RDMA 'on' requested, but no RDMA device found"),
+              std::string::npos)
+        << r.err;
+    r = RunToExit(kKvstoreBin, {"--listen=127.0.0.1:0", "--rdma_device=mlx5_0"},
+                  std::chrono::seconds(20));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("RDMA device 'mlx5_0' not found"), std::string::npos) << r.err;
   }
   // A port in use, and a directory another kvstore holds: status 1.
   const std::string dir = KvstoreDir("held");

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "ringlane/v1/kvstore.grpc.pb.h"
 #include "services/grpc_security.h"
+#include "services/rdma.h"
 #include "services/shm_segment.h"
 #include "tests/support/kvstore.h"
 
@@ -257,6 +258,139 @@ TEST(KvstoreFaultsTest, BadSharedMemoryRequestsAreRefusedAndHarmless) {
   ASSERT_EQ(got->blocks.size(), 1u);
   EXPECT_EQ(got->blocks[0].payload, payload);
   std::filesystem::remove_all(dir);
+}
+
+// The RDMA calls from a hostile or confused client: every malformed
+// AttachRdma, PutRdma and GetRdma is INVALID_ARGUMENT, checked before the
+// store's RDMA state (so this runs on a store without a device), counted,
+// and harmless.
+TEST(KvstoreFaultsTest, BadRdmaRequestsAreInvalidArgumentAndHarmless) {
+  auto d =
+      StartKvstore({"--max_block_bytes=" + std::to_string(kMaxBlock), "--max_keys_per_request=8"});
+  ASSERT_NE(d, nullptr);
+  auto stub = Stub(*d);
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+  services::RdmaQpAddress good;
+  good.lid = 1;
+  good.gid[15] = 1;
+  good.qpn = 77;
+  good.psn = 5;
+  auto attach = [&](void (*spoil)(v1::AttachRdmaRequest*)) {
+    v1::AttachRdmaRequest req;
+    services::RdmaQpAddressToProto(good, req.mutable_qp());
+    req.set_size_bytes(1 << 20);
+    spoil(&req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    v1::AttachRdmaResponse resp;
+    return stub->AttachRdma(&ctx, req, &resp).error_code();
+  };
+  struct AttachCase {
+    const char* what;
+    void (*spoil)(v1::AttachRdmaRequest*);
+  };
+  const AttachCase attaches[] = {
+      {"no address", [](v1::AttachRdmaRequest* r) { r->clear_qp(); }},
+      {"gid of 3 bytes", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_gid("abc"); }},
+      {"qpn 0", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_qpn(0); }},
+      {"qpn over 24 bits", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_qpn(1 << 24); }},
+      {"psn over 24 bits", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_psn(1 << 24); }},
+      {"lid over 16 bits", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_lid(1 << 16); }},
+      {"mtu 1500", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_mtu_bytes(1500); }},
+      {"port 0", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_port(0); }},
+      {"port 256", [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_port(256); }},
+      {"device name of 65 bytes",
+       [](v1::AttachRdmaRequest* r) { r->mutable_qp()->set_device(std::string(65, 'd')); }},
+      {"size 0", [](v1::AttachRdmaRequest* r) { r->set_size_bytes(0); }},
+      {"negative size", [](v1::AttachRdmaRequest* r) { r->set_size_bytes(-1); }},
+      {"previous region not a region name",
+       [](v1::AttachRdmaRequest* r) { r->set_previous_region("../x"); }},
+  };
+  for (const AttachCase& c : attaches) {
+    EXPECT_EQ(attach(c.spoil), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+  }
+  // The same request unspoiled is refused for want of a device, not as bad.
+  EXPECT_EQ(attach([](v1::AttachRdmaRequest*) {}), grpc::StatusCode::FAILED_PRECONDITION);
+
+  const std::string region = "rdma-" + std::string(32, 'a');
+  auto put = [&](void (*spoil)(v1::PutRdmaRequest*)) {
+    v1::PutRdmaRequest req;
+    req.set_region(region);
+    v1::RdmaBlock* b = req.add_blocks();
+    *b->mutable_key() = KvKey(1);
+    b->set_offset(0);
+    b->set_length(1000);
+    spoil(&req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    v1::PutResponse resp;
+    return stub->PutRdma(&ctx, req, &resp).error_code();
+  };
+  struct PutCase {
+    const char* what;
+    void (*spoil)(v1::PutRdmaRequest*);
+  };
+  const PutCase puts[] = {
+      {"no region", [](v1::PutRdmaRequest* r) { r->clear_region(); }},
+      {"a shared-memory name", [](v1::PutRdmaRequest* r) { r->set_region("ringlane-kv-1"); }},
+      {"upper-case hex",
+       [](v1::PutRdmaRequest* r) { r->set_region("rdma-" + std::string(32, 'A')); }},
+      {"short id", [](v1::PutRdmaRequest* r) { r->set_region("rdma-abc"); }},
+      {"bad key",
+       [](v1::PutRdmaRequest* r) { r->mutable_blocks(0)->mutable_key()->clear_model_id(); }},
+      {"length 0", [](v1::PutRdmaRequest* r) { r->mutable_blocks(0)->set_length(0); }},
+      {"length over max_block_bytes",
+       [](v1::PutRdmaRequest* r) { r->mutable_blocks(0)->set_length(kMaxBlock + 1); }},
+      {"negative offset", [](v1::PutRdmaRequest* r) { r->mutable_blocks(0)->set_offset(-1); }},
+      {"more blocks than max_keys_per_request",
+       [](v1::PutRdmaRequest* r) {
+         for (int i = 0; i < 8; ++i) *r->add_blocks() = r->blocks(0);
+       }},
+  };
+  for (const PutCase& c : puts) {
+    EXPECT_EQ(put(c.spoil), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+  }
+  EXPECT_EQ(put([](v1::PutRdmaRequest*) {}), grpc::StatusCode::FAILED_PRECONDITION);
+
+  auto get = [&](void (*spoil)(v1::GetRdmaRequest*)) {
+    v1::GetRdmaRequest req;
+    req.set_region(region);
+    *req.add_keys() = KvKey(1);
+    spoil(&req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    v1::GetRdmaResponse resp;
+    return stub->GetRdma(&ctx, req, &resp).error_code();
+  };
+  struct GetCase {
+    const char* what;
+    void (*spoil)(v1::GetRdmaRequest*);
+  };
+  const GetCase gets[] = {
+      {"no region", [](v1::GetRdmaRequest* r) { r->clear_region(); }},
+      {"a path", [](v1::GetRdmaRequest* r) { r->set_region("rdma-/../../etc/passwd"); }},
+      {"bad key", [](v1::GetRdmaRequest* r) { r->mutable_keys(0)->set_prefix_hash("short"); }},
+      {"more keys than max_keys_per_request",
+       [](v1::GetRdmaRequest* r) {
+         for (int i = 0; i < 8; ++i) *r->add_keys() = r->keys(0);
+       }},
+  };
+  for (const GetCase& c : gets) {
+    EXPECT_EQ(get(c.spoil), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+  }
+  EXPECT_EQ(get([](v1::GetRdmaRequest*) {}), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Counted as invalid, and the store serves on.
+  const std::string text = ScrapeMetrics(*d);
+  EXPECT_EQ(MetricValue(text, "ringlane_kvstore_rejected_calls_total{reason=\"invalid\"}"),
+            static_cast<double>(std::size(attaches) + std::size(puts) + std::size(gets)));
+  const std::string p = KvPayload(1, 1000);
+  auto c = KvClient(*d);
+  ASSERT_TRUE(c->Put({{KvBlockToPut{KvKey(1), p, std::nullopt}}}).ok());
+  auto got = c->GetPrefix({KvKey(1)});
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->blocks.size(), 1u);
+  EXPECT_EQ(got->blocks[0].payload, p);
 }
 
 TEST(KvstoreFaultsTest, AKillMidPutLeavesNothingOfTheUnfinishedBlock) {

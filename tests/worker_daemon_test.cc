@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "ringlane/v1/worker.grpc.pb.h"
 #include "router/client/worker_group.h"
+#include "services/rdma.h"
 #include "tests/support/cluster.h"
 #include "tests/support/group_driver.h"
 #include "tests/support/http_probe.h"
@@ -87,6 +88,10 @@ TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
       {{m, "--log_level=loud"}, "--log_level"},
       {{m, "--transport=carrier-pigeon"}, "--transport must be auto, tcp or ibverbs"},
       {{m, "--tcp_wait=sometimes"}, "--tcp_wait must be blocking, busy_poll or async"},
+      {{m, "--kvstore=127.0.0.1:1", "--kvstore_rdma=sometimes"},
+       "--kvstore_rdma: 'sometimes' is none of auto, on, off"},
+      {{m, "--kvstore_rdma_device=mlx5_0:0"}, "--kvstore_rdma_device"},
+      {{m, "--kvstore_rdma_mb=0"}, "--kvstore_rdma_mb must be in [1, 16384]"},
       // Model problems are found at load time and exit 1.
       {{"--model=" + testing::SourcePath("deploy/models/stories260K/golden.json")}, "cannot load"},
       {{m, "--world_size=3", "--rendezvous=127.0.0.1:1"}, "cannot shard"},
@@ -95,6 +100,14 @@ TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
     testing::RunResult r = testing::RunToExit(testing::kWorkerBin, c.args);
     EXPECT_NE(r.code, 0) << ::testing::PrintToString(c.args);
     EXPECT_THAT(r.err, HasSubstr(c.message)) << ::testing::PrintToString(c.args);
+  }
+  // RDMA to the kvstore required where there is no device: status 1, as the
+  // collectives' forced ibverbs.
+  if (services::RdmaDeviceNames().empty()) {
+    testing::RunResult r =
+        testing::RunToExit(testing::kWorkerBin, {m, "--kvstore=127.0.0.1:1", "--kvstore_rdma=on"});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--kvstore_rdma=on: RDMA 'on' requested, but no RDMA device"));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "services/kvstore_client.h"
 #include "services/listener_tls.h"
 #include "services/log.h"
+#include "services/rdma.h"
 #include "services/signals.h"
 #include "worker/backend/factory.h"
 #include "worker/kv_cache.h"
@@ -145,6 +147,14 @@ ABSL_FLAG(int, kvstore_deadline_ms, 300,
 ABSL_FLAG(int, kvstore_shm_mb, 64,
           "MiB of the shared-memory segment payloads to and from a kvstore on the same node "
           "travel through (0 = gRPC only; a kvstore that cannot see it is used over gRPC)");
+ABSL_FLAG(std::string, kvstore_rdma, "auto",
+          "RDMA verbs for payloads to and from the kvstore: auto (where a device exists), on (no "
+          "device is an error), off; a kvstore that refuses it is used over shared memory or gRPC");
+ABSL_FLAG(std::string, kvstore_rdma_device, "",
+          "RDMA device for the kvstore as NAME[:PORT[:GID_INDEX]] (empty: the first device, port "
+          "1, GID index 0)");
+ABSL_FLAG(int, kvstore_rdma_mb, 64,
+          "MiB of the registered (pinned) buffer for RDMA payloads to and from the kvstore");
 ABSL_FLAG(int, kvstore_queue_mb, 256,
           "payload MiB of offloaded blocks waiting for upload; beyond it new ones are dropped");
 
@@ -323,6 +333,33 @@ int main(int argc, char** argv) {
   const int kvstore_queue_mb = absl::GetFlag(FLAGS_kvstore_queue_mb);
   if (kvstore_queue_mb < 0 || kvstore_queue_mb > (1 << 20)) {
     ExitWithUsageError("--kvstore_queue_mb must be in [0, 1048576]");
+  }
+  auto kvstore_rdma = rs::ParseRdmaMode(absl::GetFlag(FLAGS_kvstore_rdma));
+  if (!kvstore_rdma.ok()) {
+    ExitWithUsageError(absl::StrCat("--kvstore_rdma: ", kvstore_rdma.status().message()));
+  }
+  auto kvstore_rdma_spec = rs::ParseRdmaDeviceSpec(absl::GetFlag(FLAGS_kvstore_rdma_device));
+  if (!kvstore_rdma_spec.ok()) {
+    ExitWithUsageError(
+        absl::StrCat("--kvstore_rdma_device: ", kvstore_rdma_spec.status().message()));
+  }
+  const int kvstore_rdma_mb = absl::GetFlag(FLAGS_kvstore_rdma_mb);
+  if (kvstore_rdma_mb < 1 || kvstore_rdma_mb > 16384) {
+    ExitWithUsageError("--kvstore_rdma_mb must be in [1, 16384]");
+  }
+  // The kvstore's RDMA device, looked for once here (only with a kvstore):
+  // none with auto is one log line below and shared memory or gRPC; none
+  // with on is an error, as the collectives' forced ibverbs.
+  std::optional<rs::RdmaDeviceSpec> kvstore_rdma_device;
+  std::string kvstore_rdma_why;
+  if (!kvstore_address.empty()) {
+    auto d = rs::ResolveRdma(*kvstore_rdma, *kvstore_rdma_spec, &kvstore_rdma_why);
+    if (!d.ok()) {
+      RL_LOG(ERROR) << "--kvstore_rdma=" << rs::RdmaModeName(*kvstore_rdma) << ": "
+                    << d.status().message();
+      return 1;
+    }
+    kvstore_rdma_device = *d;
   }
   rs::SetLogComponent(absl::StrCat("worker/", group_name, "/r", rank));
 
@@ -542,6 +579,10 @@ int main(int argc, char** argv) {
     ko.max_block_bytes = std::max<int64_t>(
         block_bytes + (state_bytes_per_slot > 0 ? 8 + state_bytes_per_slot : 0), 1);
     ko.shm_bytes = int64_t{kvstore_shm_mb} << 20;
+    if (kvstore_rdma_device.has_value()) {
+      ko.rdma_bytes = int64_t{kvstore_rdma_mb} << 20;
+      ko.rdma_device = *kvstore_rdma_device;
+    }
     rw::KvStoreLinkOptions lo;
     lo.max_queued_bytes = static_cast<size_t>(kvstore_queue_mb) << 20;
     kvstore = std::make_unique<rw::KvStoreLink>(rs::KvStoreClient::Connect(kvstore_address, ko), lo,
@@ -550,6 +591,15 @@ int main(int argc, char** argv) {
     RL_LOG(INFO) << "kvstore at " << kvstore_address << " (deadline " << kvstore_deadline_ms
                  << " ms, upload queue " << kvstore_queue_mb << " MiB, shared memory "
                  << kvstore_shm_mb << " MiB when on the same node)";
+    if (kvstore_rdma_device.has_value()) {
+      RL_LOG(INFO) << "kvstore payloads over RDMA on " << kvstore_rdma_device->name << " port "
+                   << kvstore_rdma_device->port << " (" << kvstore_rdma_mb
+                   << " MiB registered) where the kvstore accepts it";
+    } else {
+      RL_LOG(INFO) << "kvstore: " << kvstore_rdma_why << "; payloads go over "
+                   << (kvstore_shm_mb > 0 ? "shared memory when on the same node, else gRPC"
+                                          : "gRPC");
+    }
   }
   rw::WorkerService service(&group, cfg, info_pool, block_bytes, std::move(*layer_caches), id,
                             &metrics, kvstore.get());

@@ -3,13 +3,58 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kvstore/block_key.h"
 #include "services/status_grpc.h"
 
 namespace ringlane::kvstore {
+
+namespace {
+
+constexpr char kRegionPrefix[] = "rdma-";
+constexpr size_t kRegionIdHexChars = 32;
+
+// "rdma-" then 32 lowercase hex digits (128 random bits: a region's name is
+// not guessable by another client of the store).
+bool ValidRegionName(const std::string& name) {
+  const std::string_view prefix = kRegionPrefix;
+  if (name.size() != prefix.size() + kRegionIdHexChars || name.rfind(prefix, 0) != 0) return false;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    const char c = name[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+std::string NewRegionName() {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::random_device rd;
+  std::string name = kRegionPrefix;
+  for (size_t i = 0; i < kRegionIdHexChars; ++i) name += kHex[rd() & 15];
+  return name;
+}
+
+}  // namespace
+
+// One client's RDMA region: a buffer registered for the client's queue pair
+// alone (an RC queue pair talks to one peer), or plain memory in tests.
+struct KvStoreService::RdmaRegion {
+  std::string name;
+  std::unique_ptr<services::RdmaEndpoint> endpoint;
+  std::unique_ptr<uint8_t[]> test_memory;
+  size_t test_size = 0;
+
+  uint8_t* data() { return endpoint ? endpoint->data() : test_memory.get(); }
+  size_t size() const { return endpoint ? endpoint->size() : test_size; }
+  bool Contains(int64_t offset, int64_t length) const {
+    return offset >= 0 && length >= 0 && offset <= static_cast<int64_t>(size()) &&
+           length <= static_cast<int64_t>(size()) - offset;
+  }
+};
 
 // Holds one of max_concurrent_calls for the life of a handler.
 class KvStoreService::CallSlot {
@@ -294,6 +339,194 @@ grpc::Status KvStoreService::AttachShm(grpc::ServerContext* ctx, const v1::Attac
   }
   while (static_cast<int>(segments_.size()) >= limits_.max_shm_segments) segments_.pop_front();
   segments_.push_back(std::move(*seg));
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<KvStoreService::RdmaRegion> KvStoreService::Region(const std::string& name) {
+  absl::MutexLock l(&rdma_mu_);
+  for (const auto& r : regions_) {
+    if (r->name == name) return r;
+  }
+  return nullptr;
+}
+
+void KvStoreService::AddRegion(std::shared_ptr<RdmaRegion> r, const std::string& previous) {
+  // The regions dropped here are freed after the lock is released (declared
+  // first, destroyed last): destroying a queue pair and deregistering its
+  // buffer are system calls.
+  std::vector<std::shared_ptr<RdmaRegion>> dropped;
+  absl::MutexLock l(&rdma_mu_);
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    if (!previous.empty() && (*it)->name == previous) {
+      dropped.push_back(std::move(*it));
+      regions_.erase(it);
+      break;
+    }
+  }
+  while (!regions_.empty() && static_cast<int>(regions_.size()) >= limits_.max_rdma_clients) {
+    dropped.push_back(std::move(regions_.front()));
+    regions_.pop_front();
+  }
+  regions_.push_back(std::move(r));
+}
+
+int KvStoreService::rdma_regions() const {
+  absl::MutexLock l(&rdma_mu_);
+  return static_cast<int>(regions_.size());
+}
+
+std::string KvStoreService::AttachRdmaRegionForTesting(size_t size, uint8_t** data) {
+  auto r = std::make_shared<RdmaRegion>();
+  r->name = NewRegionName();
+  r->test_memory = std::make_unique<uint8_t[]>(size);
+  r->test_size = size;
+  *data = r->test_memory.get();
+  std::string name = r->name;
+  AddRegion(std::move(r), "");
+  return name;
+}
+
+grpc::Status KvStoreService::AttachRdma(grpc::ServerContext* ctx, const v1::AttachRdmaRequest* req,
+                                        v1::AttachRdmaResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  // A malformed request is refused as such whatever this store's RDMA
+  // state, so a client bug shows up on a machine without a device too.
+  absl::StatusOr<services::RdmaQpAddress> remote = services::RdmaQpAddressFromProto(req->qp());
+  if (!remote.ok()) return Invalid(remote.status());
+  if (req->size_bytes() < 1) {
+    return Invalid(absl::InvalidArgumentError(
+        absl::StrCat("size_bytes ", req->size_bytes(), " (at least 1)")));
+  }
+  if (!req->previous_region().empty() && !ValidRegionName(req->previous_region())) {
+    return Invalid(absl::InvalidArgumentError(
+        "previous_region: empty, or \"rdma-\" then 32 lowercase hex digits"));
+  }
+  if (limits_.rdma_device == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, limits_.rdma_unavailable);
+  }
+  const size_t size = static_cast<size_t>(std::min(req->size_bytes(), limits_.max_rdma_bytes));
+  auto ep = services::RdmaEndpoint::Create(limits_.rdma_device, size, /*remote_access=*/true);
+  if (!ep.ok()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("cannot make an RDMA region: ", ep.status().message()));
+  }
+  if (absl::Status st = (*ep)->Connect(*remote); !st.ok()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("cannot connect to the client's queue pair: ", st.message()));
+  }
+  auto r = std::make_shared<RdmaRegion>();
+  r->name = NewRegionName();
+  r->endpoint = std::move(*ep);
+  services::RdmaQpAddressToProto(r->endpoint->address(), resp->mutable_qp());
+  resp->set_region(r->name);
+  resp->set_addr(r->endpoint->addr());
+  resp->set_rkey(r->endpoint->rkey());
+  resp->set_size_bytes(static_cast<int64_t>(r->endpoint->size()));
+  AddRegion(std::move(r), req->previous_region());
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::PutRdma(grpc::ServerContext* ctx, const v1::PutRdmaRequest* req,
+                                     v1::PutResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (!ValidRegionName(req->region())) {
+    return Invalid(absl::InvalidArgumentError("region: \"rdma-\" then 32 lowercase hex digits"));
+  }
+  if (req->blocks_size() > limits_.max_keys_per_request) {
+    return Invalid(absl::InvalidArgumentError(absl::StrCat(req->blocks_size(),
+                                                           " blocks in one request (at most ",
+                                                           limits_.max_keys_per_request, ")")));
+  }
+  for (int i = 0; i < req->blocks_size(); ++i) {
+    const v1::RdmaBlock& b = req->blocks(i);
+    if (absl::Status s = ValidateKey(b.key()); !s.ok()) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat("block ", i, ": ", s.message())));
+    }
+    if (b.offset() < 0 || b.length() < 1 || b.length() > limits_.max_block_bytes) {
+      return Invalid(absl::InvalidArgumentError(absl::StrCat("block ", i, ": offset ", b.offset(),
+                                                             ", length ", b.length(), " (1..",
+                                                             limits_.max_block_bytes, ")")));
+    }
+  }
+  std::shared_ptr<RdmaRegion> region = Region(req->region());
+  if (region == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "unknown RDMA region (attach again)");
+  }
+  for (int i = 0; i < req->blocks_size(); ++i) {
+    const v1::RdmaBlock& b = req->blocks(i);
+    if (!region->Contains(b.offset(), b.length())) {
+      return Invalid(absl::InvalidArgumentError(
+          absl::StrCat("block ", i, ": a slice outside its ", region->size(), "-byte region")));
+    }
+  }
+  int blocks = 0;
+  int already = 0;
+  int64_t bytes = 0;
+  for (const v1::RdmaBlock& b : req->blocks()) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    // Copied out before the store checks it: the client's adapter may still
+    // write the region (a confused or hostile client), so only the copy is
+    // verified and kept.
+    auto payload = std::make_shared<const std::string>(
+        reinterpret_cast<const char*>(region->data()) + b.offset(),
+        static_cast<size_t>(b.length()));
+    bool was_stored = false;
+    absl::Status st = store_->Put(EncodeKey(b.key()), payload, b.payload_xxh64(), &was_stored);
+    if (st.code() == absl::StatusCode::kDataLoss) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                          absl::StrCat("block ", blocks, ": payload checksum mismatch"));
+    }
+    if (!st.ok()) return services::ToGrpcStatus(st);
+    ++blocks;
+    if (was_stored) ++already;
+    bytes += b.length();
+  }
+  resp->set_num_blocks(blocks);
+  resp->set_total_bytes(bytes);
+  resp->set_num_already_stored(already);
+  return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::GetRdma(grpc::ServerContext* ctx, const v1::GetRdmaRequest* req,
+                                     v1::GetRdmaResponse* resp) {
+  CallSlot slot(this);
+  if (!slot.ok()) return slot.Busy();
+  if (!ValidRegionName(req->region())) {
+    return Invalid(absl::InvalidArgumentError("region: \"rdma-\" then 32 lowercase hex digits"));
+  }
+  if (grpc::Status s = CheckKeys(req->keys()); !s.ok()) return s;
+  std::shared_ptr<RdmaRegion> region = Region(req->region());
+  if (region == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "unknown RDMA region (attach again)");
+  }
+  int64_t cursor = 0;
+  for (const v1::BlockKey& k : req->keys()) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    // A block that does not fit was read (and counted as a hit) here and is
+    // read again by the client's next call: rare, as regions hold many
+    // blocks, and cheaper than a size lookup before every read.
+    absl::StatusOr<Block> b = store_->Get(EncodeKey(k));
+    if (b.status().code() == absl::StatusCode::kNotFound) break;
+    if (!b.ok()) return services::ToGrpcStatus(b.status());
+    const std::string& p = *b->payload;
+    const int64_t size = static_cast<int64_t>(p.size());
+    if (!region->Contains(cursor, size)) {
+      resp->set_region_full(true);
+      break;
+    }
+    std::memcpy(region->data() + cursor, p.data(), p.size());
+    v1::RdmaBlock* out = resp->add_blocks();
+    *out->mutable_key() = k;
+    out->set_offset(cursor);
+    out->set_length(size);
+    out->set_payload_xxh64(b->xxh64);
+    cursor += size;
+    store_->CountBytesOut(size);
+  }
   return grpc::Status::OK;
 }
 
