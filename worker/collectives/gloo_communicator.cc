@@ -26,6 +26,7 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "services/log.h"
+#include "services/rdma.h"
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/gloo_context.h"
 #include "worker/rendezvous/rendezvous.h"
@@ -309,18 +310,12 @@ const char* GlooTransportName(GlooTransport transport) {
 }
 
 std::vector<std::string> RdmaDeviceNames() {
-  std::vector<std::string> names;
 #if RINGLANE_HAVE_IBVERBS
-  int n = 0;
-  // Null with no devices (or no RDMA kernel support): that is "no RDMA", not
-  // an error.
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr) return names;
-  for (int i = 0; i < n; ++i) names.emplace_back(ibv_get_device_name(list[i]));
-  ibv_free_device_list(list);
-  std::sort(names.begin(), names.end());
+  // One lister for the collectives and the kvstore transport.
+  return services::RdmaDeviceNames();
+#else
+  return {};
 #endif
-  return names;
 }
 
 absl::StatusOr<GlooTransport> ResolveGlooTransport(const GlooOptions& o) {
