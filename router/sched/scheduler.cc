@@ -53,11 +53,27 @@ double RoundCostModel::SizeInterpolated(const std::array<double, kTableTokens + 
   }
   const double slope = per_token_us();
   if (lo != 0 && lo == hi) return mean[lo];
+  // Above a measured size: the slope just below it continued (the fit's
+  // without a second measured size), and no more than the chord to the next
+  // measured size. Optimistic on purpose: costs of n rows are flat and then
+  // steep, so a chord across the bend overstates the sizes inside it, and a
+  // depth whose size was never measured would never be tried; tried, its
+  // size is measured.
+  double local = slope;
+  for (int64_t t = lo - 1; t >= 1 && lo != 0; --t) {
+    if (measured(t)) {
+      local = std::max(0.0, (mean[lo] - mean[t]) / static_cast<double>(lo - t));
+      break;
+    }
+  }
   if (lo != 0 && hi != 0) {
     const double f = static_cast<double>(tokens - lo) / static_cast<double>(hi - lo);
-    return mean[lo] + f * (mean[hi] - mean[lo]);
+    return std::min(mean[lo] + f * (mean[hi] - mean[lo]),
+                    mean[lo] + local * static_cast<double>(tokens - lo));
   }
-  if (lo != 0) return mean[lo] + slope * static_cast<double>(tokens - lo);
+  // Past the last measured size the cheaper of that slope and the fit's (a
+  // noisy pair of sizes must not bar the depths beyond them).
+  if (lo != 0) return mean[lo] + std::min(local, slope) * static_cast<double>(tokens - lo);
   if (hi != 0) return std::max(0.0, mean[hi] - slope * static_cast<double>(hi - tokens));
   return PredictUs(tokens);
 }

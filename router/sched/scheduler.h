@@ -63,13 +63,15 @@ class RoundCostModel {
   }
   // The time of a round of `tokens` tokens: a one-token round's time plus
   // what the workers spend on the tokens beyond it, both as measured per size
-  // (decayed means of the recent rounds of exactly that many tokens),
-  // interpolated between the nearest measured sizes and continued with the
-  // fit's slope past the last one; the fit's prediction where no size was
-  // seen. The workers' part, not the round's, measures the extra tokens: a
-  // round that waits for its result (a verify row) and one pipelined behind
-  // another differ in latency, not in work, and the speculator weighs the
-  // latency apart (Speculator::LatencyRatio).
+  // (decayed means of the recent rounds of exactly that many tokens); a size
+  // not measured continues the slope below the nearest measured size under
+  // it, capped by the chord to the next measured size above (optimistic, so
+  // that the speculator tries it and it gets measured), and past the last
+  // measured size the cheaper of that slope and the fit's; the fit's
+  // prediction where no size was seen. The workers' part, not the round's, measures the extra
+  // tokens: a round that waits for its result (a verify row) and one pipelined behind another
+  // differ in latency, not in work, and the speculator weighs the latency apart
+  // (Speculator::LatencyRatio).
   double SmallRoundUs(int64_t tokens) const;
 
  private:
