@@ -25,7 +25,7 @@ void RoundCostModel::Observe(int64_t tokens, double round_us, double attended, d
     // size's own decay (not every round's: a size seen rarely keeps its mean).
     int64_t& n = size_count_[tokens];
     const double keep = std::min(decay_, static_cast<double>(n) / static_cast<double>(n + 1));
-    size_mean_[tokens] = size_mean_[tokens] * keep + y * (1 - keep);
+    if (tokens == 1) one_token_mean_ = one_token_mean_ * keep + y * (1 - keep);
     const double w = worker_us < 0 ? y : std::min(worker_us, y);
     size_worker_mean_[tokens] = size_worker_mean_[tokens] * keep + w * (1 - keep);
     ++n;
@@ -36,13 +36,12 @@ double RoundCostModel::SmallRoundUs(int64_t tokens) const {
   bool any = false;
   for (int64_t t = 1; t <= kTableTokens && !any; ++t) any = size_count_[t] >= kTableMinSamples;
   if (!any) return PredictUs(tokens);
-  const double one = size_count_[1] >= kTableMinSamples ? size_mean_[1] : PredictUs(1);
-  return one + std::max(0.0, SizeInterpolated(size_worker_mean_, tokens) -
-                                 SizeInterpolated(size_worker_mean_, 1));
+  const double one = size_count_[1] >= kTableMinSamples ? one_token_mean_ : PredictUs(1);
+  return one + std::max(0.0, WorkerUs(tokens) - WorkerUs(1));
 }
 
-double RoundCostModel::SizeInterpolated(const std::array<double, kTableTokens + 1>& mean,
-                                        int64_t tokens) const {
+double RoundCostModel::WorkerUs(int64_t tokens) const {
+  const std::array<double, kTableTokens + 1>& mean = size_worker_mean_;
   auto measured = [this](int64_t t) { return size_count_[t] >= kTableMinSamples; };
   int64_t lo = 0, hi = 0;
   for (int64_t t = std::min(tokens, kTableTokens); t >= 1 && lo == 0; --t) {

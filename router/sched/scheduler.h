@@ -85,11 +85,14 @@ class RoundCostModel {
   // Decayed sums of weights, x1 (tokens), x2 (attended), y (round time) and
   // their products.
   double w_ = 0, s1_ = 0, s2_ = 0, sy_ = 0, s11_ = 0, s12_ = 0, s22_ = 0, s1y_ = 0, s2y_ = 0;
-  // Per round size up to kTableTokens: the decayed mean round time and
-  // worker time, and how many rounds of that size were seen.
-  double SizeInterpolated(const std::array<double, kTableTokens + 1>& mean, int64_t tokens) const;
-  std::array<double, kTableTokens + 1> size_mean_{};
+  // The workers' time of a round of `tokens` tokens from the per-size table
+  // (see SmallRoundUs).
+  double WorkerUs(int64_t tokens) const;
+  // Per round size up to kTableTokens: the decayed mean worker time and how
+  // many rounds of that size were seen; and the decayed mean round time of
+  // one-token rounds, the base SmallRoundUs adds to.
   std::array<double, kTableTokens + 1> size_worker_mean_{};
+  double one_token_mean_ = 0;
   std::array<int64_t, kTableTokens + 1> size_count_{};
 };
 
