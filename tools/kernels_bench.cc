@@ -10,6 +10,7 @@
 
 #include "worker/aligned.h"
 #include "worker/backend/cpu/kernels.h"
+#include "worker/model/resident.h"
 
 namespace {
 
@@ -68,14 +69,22 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 // `rows` 5632 (11.5 MB of FP8) streams from memory or L3; 256 (0.5 MB) stays
 // in L2, which shows the kernel's own cost per weight. `tiled`: through
 // MatMul, the engine's own split (tiles of 64 input by 64 output rows for
-// prefill), on the calling thread, instead of one MatMulRange.
-void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows, bool tiled) {
+// prefill), on the calling thread, instead of one MatMulRange. `grouped`:
+// FP8 rows in the interleaved groups the worker stores them in
+// (Matrix::interleaved).
+void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows, bool tiled,
+               bool grouped = false) {
   const int M = static_cast<int>(state.range(0));
   // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
   state.SetLabel(ringlane::worker::cpu::IsaName(isa));
   const int64_t N = rows, K = 2048;
   Weights w = Make(dt, N, K);
+  if (grouped) {
+    const std::vector<uint8_t> plain = w.bytes;
+    for (int64_t r = 0; r < N; ++r) rw::InterleaveFp8Row(&plain[r * K], K, &w.bytes[r * K]);
+    w.m.interleaved = true;
+  }
   rw::AlignedFloats x(M * K, 0.5f), y(M * N);
   for (auto _ : state) {
     if (tiled) {
@@ -97,6 +106,12 @@ BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3, 5632, false)
     ->ArgsProduct({{1, 4, 5, 8, 64, 512}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_MatMul, FP8InL2, rw::DType::kFP8E4M3, 256, false)
+    ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8Grouped, rw::DType::kFP8E4M3, 5632, false, true)
+    ->ArgsProduct({{1, 4, 5, 8, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8GroupedInL2, rw::DType::kFP8E4M3, 256, false, true)
     ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)

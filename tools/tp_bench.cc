@@ -26,6 +26,7 @@
 #include "worker/collectives/communicator.h"
 #include "worker/collectives/timed_communicator.h"
 #include "worker/model/model.h"
+#include "worker/model/resident.h"
 #include "worker/model/shard.h"
 
 ABSL_FLAG(std::string, model, "", "model to benchmark (HF directory or llama2.c .bin)");
@@ -74,6 +75,10 @@ Result RunRank(const std::string& path, int rank, int world, int threads, const 
     if (!c.ok()) Die(std::string(c.status().message()));
     comm = std::make_unique<rw::TimedCommunicator>(std::move(*c));
   }
+  // As the worker does by default (--huge_page_weights).
+  auto resident = rw::MakeResident(model);
+  if (!resident.ok()) Die(std::string(resident.status().message()));
+  model = *resident;
   rw::CpuBackendOptions opt;
   opt.threads = threads;
   opt.comm = comm.get();

@@ -218,9 +218,22 @@ struct Matrix {
   int64_t col_offset = 0;
   // Bytes between consecutive rows (== cols * DTypeSize(dtype) unless a column slice).
   int64_t row_stride_bytes = 0;
+  // FP8 only, set by MakeResident (resident.h): each row's whole groups of 64
+  // columns are stored interleaved, columns [g, g + 32) of a group at its
+  // even bytes and [g + 32, g + 64) at its odd ones, so a vector kernel turns
+  // the group's 64 bytes into 4 x 16 floats in natural order with a few
+  // 16-bit shifts. Columns past the last whole group are stored in order.
+  // A column view of such a matrix starts and ends on whole groups.
+  bool interleaved = false;
 
   const uint8_t* Row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + r * row_stride_bytes;
+  }
+  // Where column c of a row is stored, in elements from the row's start.
+  int64_t StoredColumn(int64_t c) const {
+    if (!interleaved || c >= (cols & ~int64_t{63})) return c;
+    const int64_t j = c & 63;
+    return (c & ~int64_t{63}) + (j < 32 ? 2 * j : 2 * (j - 32) + 1);
   }
   // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
   // the same memory (block scales still index the whole stored tensor).
@@ -447,7 +460,9 @@ struct ModelWeights {
   std::string source;
   // Owners of the memory the matrices point into.
   std::vector<std::shared_ptr<MappedFile>> files;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;
+  // The region MakeResident (resident.h) copied the matrices into; null else.
+  std::shared_ptr<const void> resident;
   // A shard keeps the whole model it views alive.
   std::shared_ptr<const ModelWeights> keep_alive;
   // The first MTP layer (config.mtp_layers > 0) of a whole model; null in a

@@ -29,7 +29,10 @@ Isa DetectIsa(bool allow_avx512) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c()) {
 #if defined(RINGLANE_HAVE_AVX512_KERNELS)
-    if (allow_avx512 && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    // BW for the 16-bit shifts of the interleaved FP8 groups (Matrix::interleaved).
+    if (allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+      return Isa::kAvx512;
+    }
 #endif
     return Isa::kAvx2;
   }
@@ -69,12 +72,12 @@ int64_t Fp8BlockEnd(int64_t offset, int64_t i, int64_t limit) {
 }
 
 float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c) {
-  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(w.StoredColumn(c)));
   return w.dtype == DType::kFP8E4M3 ? v / kFp8Rebias : v;
 }
 
 float ScaledWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c) {
-  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(c));
+  const float v = LoadAsFloat(w.dtype, row, static_cast<size_t>(w.StoredColumn(c)));
   return w.dtype == DType::kFP8E4M3 ? v * w.ScaleAt(r, c) : v;
 }
 

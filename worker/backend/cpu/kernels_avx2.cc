@@ -56,6 +56,22 @@ struct Avx2 {
     }
   }
 
+  // An interleaved group (Matrix::interleaved), as in kernels_avx512.cc one
+  // 32-byte half at a time: half h holds columns 16h..16h+15 in its low bytes
+  // and 32+16h.. in its high ones.
+  static void LoadW64(const uint8_t* group, Vec out[4]) {
+    const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xbf80));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * h));
+      const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 1), keep);
+      const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(v, 1), keep);
+      out[h] = {_mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
+                _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1))};
+      out[2 + h] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
+                    _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1))};
+    }
+  }
+
   // Two registers per accumulator: tiles of at most 12 registers.
   static constexpr int NrFor(int mr) { return mr == 1 ? 4 : (mr == 2 ? 3 : (mr == 3 ? 2 : 1)); }
   static constexpr int kPanelMR = 3;

@@ -13,6 +13,10 @@
 //                                columns [k, k+16) converted; FP8 without its
 //                                block scale and divided by kFp8Rebias (the
 //                                caller scales x instead, see kernels.h)
+//   void LoadW64(const uint8_t* group, Vec out[4])
+//                                one interleaved FP8 group (Matrix::interleaved):
+//                                its 64 columns converted as LoadW would, in
+//                                order, 16 per Vec
 //   Vec Fma(Vec w, Vec x, Vec acc)  lane-wise fused multiply-add
 //   void Store(Vec v, float* p)
 //   constexpr int NrFor(int mr)  weight rows per in-register tile of mr rows
@@ -64,7 +68,26 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
   // of the matrix is harmless (prefetches never fault).
   const int64_t next_tile = NR * w.row_stride_bytes;
 
-  for (int64_t k = 0; k < K16; k += 16) {
+  int64_t k = 0;
+  if constexpr (D == DType::kFP8E4M3) {
+    if (w.interleaved) {
+      // Whole groups: 64 columns per row from one load and a few shifts, the
+      // lanes' sums taken in the same order as 16 columns at a time.
+      for (const int64_t K64 = K & ~int64_t{63}; k < K64; k += 64) {
+        for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + k);
+        for (int j = 0; j < NR; ++j) {
+          typename V::Vec wv[4];
+          V::LoadW64(rows[j] + k, wv);
+          for (int s = 0; s < 4; ++s) {
+            for (int m = 0; m < MR; ++m) {
+              acc[m][j] = V::Fma(wv[s], V::LoadF(x + m * ldx + k + 16 * s), acc[m][j]);
+            }
+          }
+        }
+      }
+    }
+  }
+  for (; k < K16; k += 16) {
     // Rows are short streams (a few KB) that the hardware prefetcher barely
     // catches; fetch the same columns of the next tile's rows meanwhile.
     if ((k * kElemBytes) % 64 == 0) {
@@ -120,17 +143,34 @@ void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
   const uint8_t* row = w.Row(r);
+  int64_t k = 0;
+  if constexpr (D == DType::kFP8E4M3) {
+    if (w.interleaved) {
+      for (const int64_t K64 = K & ~int64_t{63}; k < K64; k += 64) {
+        typename V::Vec wv[4];
+        V::LoadW64(row + k, wv);
+        for (int s = 0; s < 4; ++s) {
+          if constexpr (scaled) {
+            const float sc = w.ScaleAt(r, k + 16 * s) * internal::kFp8Rebias;
+            V::Store(V::Mul(wv[s], V::SetScale(sc)), out + k + 16 * s);
+          } else {
+            V::Store(wv[s], out + k + 16 * s);
+          }
+        }
+      }
+    }
+  }
   if constexpr (D == DType::kFP8E4M3 && scaled) {
     // Scale runs are whole 16-column steps: col_offset % 16 == 0 (checked by
     // the caller).
-    for (int64_t k = 0; k < K16;) {
+    while (k < K16) {
       const int64_t end = Fp8BlockEnd(w.col_offset, k, K16);
       const typename V::Scale s = V::SetScale(w.ScaleAt(r, k) * internal::kFp8Rebias);
       for (; k < end; k += 16) V::Store(V::Mul(V::template LoadW<D>(row, k), s), out + k);
     }
     for (int64_t t = K16; t < K; ++t) out[t] = ScaledWeight(w, row, r, t);
   } else {
-    for (int64_t k = 0; k < K16; k += 16) V::Store(V::template LoadW<D>(row, k), out + k);
+    for (; k < K16; k += 16) V::Store(V::template LoadW<D>(row, k), out + k);
     for (int64_t t = K16; t < K; ++t) out[t] = KernelWeight(w, row, t);
   }
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/model/resident.h"
 
 namespace ringlane::worker::cpu {
 namespace {
@@ -223,6 +224,66 @@ TEST(MatMulFp8, EveryCodeOnEveryPath) {
         internal::MatMulRangeScalar(view, x.data(), view.cols, M, want.data(), N, 0, N);
         ASSERT_TRUE(SameBits(y, want)) << IsaName(isa) << " M=" << M << " path=" << path;
       }
+    }
+  }
+}
+
+// Rows stored in interleaved groups (Matrix::interleaved, MakeResident's
+// layout) sum to the same bits as the rows in order on every path, for every
+// tile height, whole groups followed by a 16-column step and a tail; so do
+// DequantRow and a column view that starts on a later group.
+TEST(MatMulFp8, InterleavedGroupsSumAsRowsInOrder) {
+  const int64_t N = 37, K = 7 * 64 + 16 + 9;
+  TestMatrix plain = MakeMatrix(DType::kFP8E4M3, N, K, 41);
+  std::mt19937 rng(6);
+  for (int64_t i = 0; i < N * K; ++i) {
+    uint8_t code = static_cast<uint8_t>(rng());
+    if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(i % 127);
+    plain.bytes[i] = code;
+  }
+  for (int a = 0; a < 256; ++a) {
+    if ((a & 0x7f) != 0x7f) plain.bytes[a] = static_cast<uint8_t>(a);
+  }
+  std::vector<uint8_t> grouped(plain.bytes.size());
+  for (int64_t r = 0; r < N; ++r) InterleaveFp8Row(plain.m.Row(r), K, grouped.data() + r * K);
+  ASSERT_NE(grouped, plain.bytes);
+  Matrix il = plain.m;
+  il.data = grouped.data();
+  il.interleaved = true;
+  for (int64_t c = 0; c < K; ++c) {
+    ASSERT_EQ(il.Row(3)[il.StoredColumn(c)], plain.m.Row(3)[c]) << c;
+  }
+
+  const int kMaxM = 13;
+  std::vector<float> x = RandomX(kMaxM, K, 12);
+  std::vector<float> want(kMaxM * N);
+  internal::MatMulRangeScalar(plain.m, x.data(), K, kMaxM, want.data(), N, 0, N);
+  for (Isa isa : SupportedIsas()) {
+    for (int M = 1; M <= kMaxM; ++M) {
+      for (int path = 0; path <= 2; ++path) {
+        std::vector<float> y(M * N, -1.0f);
+        MatMulRange(il, x.data(), K, M, y.data(), N, 0, N, isa, path);
+        ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
+            << IsaName(isa) << " M=" << M << " path=" << path;
+      }
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      std::vector<float> a(K), b(K);
+      DequantRow(il, r, a.data(), isa);
+      DequantRow(plain.m, r, b.data(), Isa::kScalar);
+      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
+    }
+  }
+
+  // Columns [128, K): groups 2..6 of the rows, then the step and the tail.
+  Matrix plain_view = plain.m.Cols(128, K - 128), il_view = il.Cols(128, K - 128);
+  std::vector<float> xv = RandomX(5, K - 128, 13), wv(5 * N);
+  internal::MatMulRangeScalar(plain_view, xv.data(), K - 128, 5, wv.data(), N, 0, N);
+  for (Isa isa : SupportedIsas()) {
+    for (int path = 1; path <= 2; ++path) {
+      std::vector<float> y(5 * N);
+      MatMulRange(il_view, xv.data(), K - 128, 5, y.data(), N, 0, N, isa, path);
+      ASSERT_TRUE(SameBits(y, wv)) << IsaName(isa) << " path=" << path;
     }
   }
 }
