@@ -168,7 +168,9 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
   if (total == 0) return model;
 
   // A region aligned to 2 MiB, so its pages can be huge from the first byte.
-  const int64_t mapped = total + kHugePage;
+  // Whole huge pages, so a small model's last (or only) page can be one too.
+  const int64_t span = (total + kHugePage - 1) / kHugePage * kHugePage;
+  const int64_t mapped = span + kHugePage;
   void* p = ::mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
@@ -179,7 +181,7 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
       p, [mapped](const void* q) { ::munmap(const_cast<void*>(q), static_cast<size_t>(mapped)); });
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kHugePage - 1) &
                                              ~static_cast<uintptr_t>(kHugePage - 1));
-  if (::madvise(base, static_cast<size_t>(total), MADV_HUGEPAGE) != 0) return model;
+  if (::madvise(base, static_cast<size_t>(span), MADV_HUGEPAGE) != 0) return model;
 
   auto out = std::make_shared<ModelWeights>(*model);
   out->keep_alive = model;
@@ -209,7 +211,7 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
     m.interleaved = interleave;
   });
   // Read-only from here: a stray write faults instead of changing a weight.
-  ::mprotect(base, static_cast<size_t>(total), PROT_READ);
+  ::mprotect(base, static_cast<size_t>(span), PROT_READ);
   r.huge_pages = true;
   r.huge_page_bytes =
       HugePageBytes(reinterpret_cast<uintptr_t>(base), reinterpret_cast<uintptr_t>(base) + total);
