@@ -69,6 +69,21 @@ TestMatrix MakeMatrix(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
   return t;
 }
 
+// FP8 bytes of random codes but the two NaNs (which quantizers never write),
+// the first 256 bytes every such code in order, subnormals and both zeros
+// included.
+void FillEveryCode(TestMatrix* t, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < t->bytes.size(); ++i) {
+    uint8_t code = static_cast<uint8_t>(rng());
+    if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(i % 127);
+    t->bytes[i] = code;
+  }
+  for (int a = 0; a < 256; ++a) {
+    if ((a & 0x7f) != 0x7f) t->bytes[a] = static_cast<uint8_t>(a);
+  }
+}
+
 std::vector<float> RandomX(int M, int64_t K, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -196,15 +211,7 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
 TEST(MatMulFp8, EveryCodeOnEveryPath) {
   const int64_t N = 20, K = 48 + 512 + 9;
   TestMatrix full = MakeMatrix(DType::kFP8E4M3, N, K, 31);
-  std::mt19937 rng(5);
-  for (int64_t i = 0; i < N * K; ++i) {
-    uint8_t code = static_cast<uint8_t>(rng());
-    if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(i % 127);
-    full.bytes[i] = code;
-  }
-  for (int a = 0; a < 256; ++a) {
-    if ((a & 0x7f) != 0x7f) full.bytes[a] = static_cast<uint8_t>(a);  // rows 0 and 1 hold all
-  }
+  FillEveryCode(&full, 5);
   Matrix view = full.m;
   view.data = full.bytes.data() + 48;
   view.cols = K - 48;
@@ -235,15 +242,7 @@ TEST(MatMulFp8, EveryCodeOnEveryPath) {
 TEST(MatMulFp8, InterleavedGroupsSumAsRowsInOrder) {
   const int64_t N = 37, K = 7 * 64 + 16 + 9;
   TestMatrix plain = MakeMatrix(DType::kFP8E4M3, N, K, 41);
-  std::mt19937 rng(6);
-  for (int64_t i = 0; i < N * K; ++i) {
-    uint8_t code = static_cast<uint8_t>(rng());
-    if ((code & 0x7f) == 0x7f) code = static_cast<uint8_t>(i % 127);
-    plain.bytes[i] = code;
-  }
-  for (int a = 0; a < 256; ++a) {
-    if ((a & 0x7f) != 0x7f) plain.bytes[a] = static_cast<uint8_t>(a);
-  }
+  FillEveryCode(&plain, 6);
   std::vector<uint8_t> grouped(plain.bytes.size());
   for (int64_t r = 0; r < N; ++r) InterleaveFp8Row(plain.m.Row(r), K, grouped.data() + r * K);
   ASSERT_NE(grouped, plain.bytes);
