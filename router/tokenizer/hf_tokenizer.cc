@@ -827,11 +827,14 @@ absl::Status Parser::Parse(const json& root, const json* config) {
     t_.id_kind[a.id] =
         a.special ? HfTokenizer::Impl::IdKind::kSpecial : HfTokenizer::Impl::IdKind::kAdded;
   }
-  for (int32_t id : t_.prefix) {
-    if (id < 0 || id >= size) return Invalid(absl::StrCat("post_processor id ", id, " is unknown"));
-  }
-  for (int32_t id : t_.suffix) {
-    if (id < 0 || id >= size) return Invalid(absl::StrCat("post_processor id ", id, " is unknown"));
+  // Every framing id must be a token: Encode adds them to every prompt, and
+  // an id inside the table's range that no token has would not decode.
+  for (const std::vector<int32_t>* ids : {&t_.prefix, &t_.suffix}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || id >= size || t_.id_kind[id] == HfTokenizer::Impl::IdKind::kNone) {
+        return Invalid(absl::StrCat("post_processor id ", id, " is unknown"));
+      }
+    }
   }
 
   // Normalized added tokens are looked for in normalized text, so their

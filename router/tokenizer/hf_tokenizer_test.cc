@@ -349,6 +349,15 @@ TEST(HfTokenizerTest, LoadErrorsNameTheProblem) {
            {"id": "<s>", "type_id": 0}}], "special_tokens": {}}, )" +
            model + "}",
        absl::StatusCode::kInvalidArgument, "<s>"},
+      // Found by tokenizer_load_fuzz: an id inside the table's range that
+      // no token has (a gap between the vocabulary and the added tokens).
+      {"template id without a token",
+       R"({"added_tokens": [{"id": 3, "content": "<s>", "special": true}],
+           "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken":
+           {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+           "special_tokens": {"<s>": {"id": "<s>", "ids": [2], "tokens": ["<s>"]}}}, )" +
+           model + "}",
+       absl::StatusCode::kInvalidArgument, "post_processor id 2"},
       {"wrong type", R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})",
        absl::StatusCode::kInvalidArgument, "vocab"},
   };
