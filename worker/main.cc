@@ -120,7 +120,7 @@ ABSL_FLAG(int, threads, 1, "compute threads of this rank");
 ABSL_FLAG(bool, huge_page_weights, true,
           "cpu backend: copy this rank's matrices out of the file mapping onto transparent huge "
           "pages at load (decode reads every weight per token, and 4 KiB pages cost it a TLB "
-          "miss each: 1.14-1.25x decode measured); false serves from the mapping");
+          "miss each: 1.08-1.30x decode measured); false serves from the mapping");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (cuda is not built yet)");
 ABSL_FLAG(int, join_timeout_ms, 60000,
           "how long to wait for the other ranks before logging who is missing");

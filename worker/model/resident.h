@@ -5,8 +5,8 @@
 // mapping (4 KiB pages) that walk takes a TLB miss every 4 KiB, and under a
 // hypervisor each miss is a two-level page walk; on 2 MiB pages it takes one
 // per 2 MiB. Measured on the project's 2-core VM with the 1.1B FP8 model
-// (ringlane-engine-bench, alternating runs): decode 1.18-1.25x at one thread
-// and 1.14-1.21x at two, to the read roofline. The bytes stay the
+// (ringlane-engine-bench --huge_page_weights=true|false, alternating): decode
+// 1.10-1.30x at one thread and 1.08-1.10x at two. The bytes stay the
 // checkpoint's; only where they live changes.
 #ifndef RINGLANE_WORKER_MODEL_RESIDENT_H_
 #define RINGLANE_WORKER_MODEL_RESIDENT_H_
