@@ -61,6 +61,34 @@ void VisitLayer(W& l, F& fn) {
   }
 }
 
+// The MTP layer to visit: a private copy in a model being edited (drafter
+// views share the original), the shared one in a model only read.
+MtpWeights* VisitedMtp(ModelWeights& model) {
+  if (model.mtp == nullptr) return nullptr;
+  auto mtp = std::make_shared<MtpWeights>(*model.mtp);
+  MtpWeights* edited = mtp.get();
+  model.mtp = std::move(mtp);
+  return edited;
+}
+const MtpWeights* VisitedMtp(const ModelWeights& model) { return model.mtp.get(); }
+
+// ForEachMatrix's order, for a model being edited (W = ModelWeights) or read.
+template <class W, class L, class M, class F>
+void VisitModel(W& model, const F& fn) {
+  auto visit = [&](M& m) {
+    if (m.data != nullptr) fn(m);
+  };
+  visit(model.embed);
+  for (L& l : model.layers) VisitLayer<L, M>(l, visit);
+  visit(model.lm_head);
+  visit(model.hc_head.fn);
+  if (auto* mtp = VisitedMtp(model); mtp != nullptr) {
+    VisitLayer<L, M>(mtp->layer, visit);
+    visit(mtp->eh_proj);
+    visit(mtp->head);
+  }
+}
+
 // True unless the kernel turned transparent huge pages off ("[never]").
 bool HugePagesAvailable() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -112,36 +140,11 @@ void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst) {
 }
 
 void ForEachMatrix(ModelWeights& model, const std::function<void(Matrix&)>& fn) {
-  auto visit = [&](Matrix& m) {
-    if (m.data != nullptr) fn(m);
-  };
-  visit(model.embed);
-  for (LayerWeights& l : model.layers) VisitLayer<LayerWeights, Matrix>(l, visit);
-  visit(model.lm_head);
-  visit(model.hc_head.fn);
-  if (model.mtp != nullptr) {
-    // The MTP layer is shared with its drafter views: a private copy to edit.
-    auto mtp = std::make_shared<MtpWeights>(*model.mtp);
-    VisitLayer<LayerWeights, Matrix>(mtp->layer, visit);
-    visit(mtp->eh_proj);
-    visit(mtp->head);
-    model.mtp = std::move(mtp);
-  }
+  VisitModel<ModelWeights, LayerWeights, Matrix>(model, fn);
 }
 
 void ForEachMatrix(const ModelWeights& model, const std::function<void(const Matrix&)>& fn) {
-  auto visit = [&](const Matrix& m) {
-    if (m.data != nullptr) fn(m);
-  };
-  visit(model.embed);
-  for (const LayerWeights& l : model.layers) VisitLayer<const LayerWeights, const Matrix>(l, visit);
-  visit(model.lm_head);
-  visit(model.hc_head.fn);
-  if (model.mtp != nullptr) {
-    VisitLayer<const LayerWeights, const Matrix>(model.mtp->layer, visit);
-    visit(model.mtp->eh_proj);
-    visit(model.mtp->head);
-  }
+  VisitModel<const ModelWeights, const LayerWeights, const Matrix>(model, fn);
 }
 
 absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
@@ -155,13 +158,17 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
   // Views of the same memory (a drafter's head that is the target's, a tied
   // head) get one copy: keyed by where and what they view.
   using Key = std::tuple<const void*, int64_t, int64_t, int64_t, int>;
-  std::map<Key, int64_t> offsets;
+  struct Slot {
+    int64_t offset = 0;
+    bool copied = false;
+  };
+  std::map<Key, Slot> slots;
   int64_t total = 0;
   ForEachMatrix(*model, [&](const Matrix& m) {
     if (&m == &model->embed) return;
     const Key key{m.data, m.rows, m.cols, m.row_stride_bytes, static_cast<int>(m.dtype)};
-    if (offsets.count(key) != 0) return;
-    offsets[key] = total;
+    if (slots.count(key) != 0) return;
+    slots[key].offset = total;
     const int64_t bytes = m.rows * m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
     total += (bytes + 63) & ~int64_t{63};  // each matrix on a cache line of its own
   });
@@ -186,15 +193,15 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
   auto out = std::make_shared<ModelWeights>(*model);
   out->keep_alive = model;
   out->resident = region;
-  std::map<Key, bool> copied;
   ForEachMatrix(*out, [&](Matrix& m) {
     if (&m == &out->embed) return;
-    const Key key{m.data, m.rows, m.cols, m.row_stride_bytes, static_cast<int>(m.dtype)};
-    uint8_t* dst = base + offsets.at(key);
+    Slot& slot =
+        slots.at(Key{m.data, m.rows, m.cols, m.row_stride_bytes, static_cast<int>(m.dtype)});
+    uint8_t* dst = base + slot.offset;
     const int64_t row_bytes = m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
     const bool interleave = interleave_fp8 && Interleavable(m);
-    if (!copied[key]) {
-      copied[key] = true;
+    if (!slot.copied) {
+      slot.copied = true;
       ++r.matrices;
       r.bytes += m.rows * row_bytes;
       if (interleave) ++r.interleaved;
