@@ -81,6 +81,7 @@ TEST(WorkerDaemonTest, BadFlagsExitNonZeroWithAMessage) {
       {{m, "--kv_dtype=f16"}, "--kv_dtype must be f32, bf16 or fp8"},
       {{m, "--block_size=0"}, "--block_size"},
       {{m, "--kv_blocks=-1"}, "--kv_blocks"},
+      {{m, "--fp8_layout=columns"}, "--fp8_layout must be tiles or rows"},
       {{m, "--backend=tpu"}, "unknown backend"},
       {{m, "--backend=cuda"}, "no CUDA backend"},
       {{m, "--group=a/b"}, "--group"},

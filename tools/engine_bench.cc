@@ -45,6 +45,9 @@ ABSL_FLAG(bool, huge_page_weights, true,
           "copy the matrices onto transparent huge pages first, as the worker does");
 ABSL_FLAG(bool, interleave_fp8, true,
           "with --huge_page_weights: FP8 rows in interleaved groups, as the worker stores them");
+ABSL_FLAG(bool, tile_fp8_rows, true,
+          "with --interleave_fp8, store FP8 rows in tiles of 4 (Matrix::row_tile) so "
+          "single-row decode reads one stream per tile; false keeps rows apart, for A/B");
 ABSL_FLAG(std::string, isa, "best", "kernels: best (AVX-512 where present), avx2, or scalar");
 
 namespace {
@@ -316,7 +319,8 @@ int main(int argc, char** argv) {
   std::shared_ptr<const rw::ModelWeights> model(std::move(*loaded));
   if (absl::GetFlag(FLAGS_huge_page_weights)) {
     Progress("copying the weights onto huge pages");
-    auto r = rw::MakeResident(model, nullptr, absl::GetFlag(FLAGS_interleave_fp8));
+    auto r = rw::MakeResident(model, nullptr, absl::GetFlag(FLAGS_interleave_fp8),
+                              absl::GetFlag(FLAGS_tile_fp8_rows));
     if (!r.ok()) Die(std::string(r.status().message()));
     model = *r;
   }

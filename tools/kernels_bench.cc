@@ -69,21 +69,31 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 // `rows` 5632 (11.5 MB of FP8) streams from memory or L3; 256 (0.5 MB) stays
 // in L2, which shows the kernel's own cost per weight. `tiled`: through
 // MatMul, the engine's own split (tiles of 64 input by 64 output rows for
-// prefill), on the calling thread, instead of one MatMulRange. `grouped`:
-// FP8 rows in the interleaved groups the worker stores them in
-// (Matrix::interleaved).
+// prefill), on the calling thread, instead of one MatMulRange. `layout`:
+// FP8 rows in order, in the interleaved groups the worker stores them in
+// (Matrix::interleaved), or those in tiles of 4 rows (Matrix::row_tile, the
+// worker's layout).
+enum class Layout { kInOrder, kGrouped, kRowTiles };
 void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows, bool tiled,
-               bool grouped = false) {
+               Layout layout = Layout::kInOrder) {
   const int M = static_cast<int>(state.range(0));
   // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
   state.SetLabel(ringlane::worker::cpu::IsaName(isa));
   const int64_t N = rows, K = 2048;
   Weights w = Make(dt, N, K);
-  if (grouped) {
+  if (layout == Layout::kGrouped) {
     const std::vector<uint8_t> plain = w.bytes;
     for (int64_t r = 0; r < N; ++r) rw::InterleaveFp8Row(&plain[r * K], K, &w.bytes[r * K]);
     w.m.interleaved = true;
+  } else if (layout == Layout::kRowTiles) {
+    // Both sizes are whole tiles: no padding rows.
+    const std::vector<uint8_t> plain = w.bytes;
+    rw::Matrix src = w.m;
+    src.data = plain.data();
+    rw::WriteFp8Tiles(src, rw::kResidentRowTile, w.bytes.data());
+    w.m.interleaved = true;
+    w.m.row_tile = rw::kResidentRowTile;
   }
   rw::AlignedFloats x(M * K, 0.5f), y(M * N);
   for (auto _ : state) {
@@ -108,10 +118,16 @@ BENCHMARK_CAPTURE(BM_MatMul, FP8, rw::DType::kFP8E4M3, 5632, false)
 BENCHMARK_CAPTURE(BM_MatMul, FP8InL2, rw::DType::kFP8E4M3, 256, false)
     ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_MatMul, FP8Grouped, rw::DType::kFP8E4M3, 5632, false, true)
+BENCHMARK_CAPTURE(BM_MatMul, FP8Grouped, rw::DType::kFP8E4M3, 5632, false, Layout::kGrouped)
     ->ArgsProduct({{1, 4, 5, 8, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_MatMul, FP8GroupedInL2, rw::DType::kFP8E4M3, 256, false, true)
+BENCHMARK_CAPTURE(BM_MatMul, FP8GroupedInL2, rw::DType::kFP8E4M3, 256, false, Layout::kGrouped)
+    ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8RowTiles, rw::DType::kFP8E4M3, 5632, false, Layout::kRowTiles)
+    ->ArgsProduct({{1, 4, 5, 8, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8RowTilesInL2, rw::DType::kFP8E4M3, 256, false, Layout::kRowTiles)
     ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)

@@ -225,28 +225,47 @@ struct Matrix {
   // 16-bit shifts. Columns past the last whole group are stored in order.
   // A column view of such a matrix starts and ends on whole groups.
   bool interleaved = false;
+  // Interleaved FP8 only, set by MakeResident: rows in tiles of `row_tile`
+  // (1 = none; 4, the decode kernel's tile) whose groups alternate: group g
+  // of the tile's rows 0..row_tile-1, then group g + 1, and so on. The
+  // kernel's four rows are then one sequential stream instead of four (one
+  // stream per core is what the hardware prefetcher follows best). Tiled
+  // rows hold whole groups only (cols % 64 == 0). `data` is the start of a
+  // tile and `row_phase` the view's first row within it.
+  int64_t row_tile = 1;
+  int64_t row_phase = 0;
 
   const uint8_t* Row(int64_t r) const {
-    return static_cast<const uint8_t*>(data) + r * row_stride_bytes;
+    const uint8_t* base = static_cast<const uint8_t*>(data);
+    if (row_tile == 1) return base + r * row_stride_bytes;
+    const int64_t q = row_phase + r;
+    return base + (q / row_tile) * row_tile * row_stride_bytes + (q % row_tile) * 64;
   }
-  // Where column c of a row is stored, in elements from the row's start.
+  // Where column c of a row is stored, in elements from Row(r).
   int64_t StoredColumn(int64_t c) const {
     if (!interleaved || c >= (cols & ~int64_t{63})) return c;
     const int64_t j = c & 63;
-    return (c & ~int64_t{63}) + (j < 32 ? 2 * j : 2 * (j - 32) + 1);
+    return (c & ~int64_t{63}) * row_tile + (j < 32 ? 2 * j : 2 * (j - 32) + 1);
   }
   // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
   // the same memory (block scales still index the whole stored tensor).
   Matrix Rows(int64_t r0, int64_t n) const {
     Matrix v = *this;
-    v.data = Row(r0);
+    if (row_tile == 1) {
+      v.data = Row(r0);
+    } else {
+      const int64_t q = row_phase + r0;
+      v.data = static_cast<const uint8_t*>(data) + (q / row_tile) * row_tile * row_stride_bytes;
+      v.row_phase = q % row_tile;
+    }
     v.rows = n;
     v.row_offset = row_offset + r0;
     return v;
   }
   Matrix Cols(int64_t c0, int64_t n) const {
     Matrix v = *this;
-    v.data = static_cast<const uint8_t*>(data) + c0 * static_cast<int64_t>(DTypeSize(dtype));
+    v.data =
+        static_cast<const uint8_t*>(data) + c0 * row_tile * static_cast<int64_t>(DTypeSize(dtype));
     v.cols = n;
     v.col_offset = col_offset + c0;
     return v;

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,16 @@ void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst) {
   std::memcpy(dst + whole, src + whole, static_cast<size_t>(cols - whole));
 }
 
+void WriteFp8Tiles(const Matrix& src, int64_t row_tile, uint8_t* dst) {
+  const int64_t cols = src.cols;
+  std::vector<uint8_t> row(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < src.rows; ++i) {
+    InterleaveFp8Row(src.Row(i), cols, row.data());
+    uint8_t* tile = dst + (i / row_tile) * row_tile * cols + (i % row_tile) * 64;
+    for (int64_t g = 0; g < cols; g += 64) std::memcpy(tile + g * row_tile, row.data() + g, 64);
+  }
+}
+
 void ForEachMatrix(ModelWeights& model, const std::function<void(Matrix&)>& fn) {
   VisitModel<ModelWeights, LayerWeights, Matrix>(model, fn);
 }
@@ -148,7 +159,8 @@ void ForEachMatrix(const ModelWeights& model, const std::function<void(const Mat
 }
 
 absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
-    std::shared_ptr<const ModelWeights> model, ResidentReport* report, bool interleave_fp8) {
+    std::shared_ptr<const ModelWeights> model, ResidentReport* report, bool interleave_fp8,
+    bool tile_rows) {
   ResidentReport local;
   ResidentReport& r = report != nullptr ? *report : local;
   r = ResidentReport{};
@@ -163,13 +175,20 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
     bool copied = false;
   };
   std::map<Key, Slot> slots;
+  // Interleaved matrices go in tiles of the decode kernel's 4 rows, the last
+  // tile padded with zero rows.
+  auto row_tile = [&](const Matrix& m) -> int64_t {
+    return interleave_fp8 && tile_rows && Interleavable(m) ? kResidentRowTile : 1;
+  };
   int64_t total = 0;
   ForEachMatrix(*model, [&](const Matrix& m) {
     if (&m == &model->embed) return;
     const Key key{m.data, m.rows, m.cols, m.row_stride_bytes, static_cast<int>(m.dtype)};
     if (slots.count(key) != 0) return;
     slots[key].offset = total;
-    const int64_t bytes = m.rows * m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
+    const int64_t tile = row_tile(m);
+    const int64_t bytes =
+        (m.rows + tile - 1) / tile * tile * m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
     total += (bytes + 63) & ~int64_t{63};  // each matrix on a cache line of its own
   });
   if (total == 0) return model;
@@ -200,22 +219,30 @@ absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
     uint8_t* dst = base + slot.offset;
     const int64_t row_bytes = m.cols * static_cast<int64_t>(DTypeSize(m.dtype));
     const bool interleave = interleave_fp8 && Interleavable(m);
+    const int64_t tile = row_tile(m);
     if (!slot.copied) {
       slot.copied = true;
       ++r.matrices;
       r.bytes += m.rows * row_bytes;
       if (interleave) ++r.interleaved;
-      for (int64_t i = 0; i < m.rows; ++i) {
-        if (interleave) {
-          InterleaveFp8Row(m.Row(i), m.cols, dst + i * row_bytes);
-        } else {
-          std::memcpy(dst + i * row_bytes, m.Row(i), row_bytes);
+      if (tile > 1) {
+        ++r.row_tiled;
+        WriteFp8Tiles(m, tile, dst);
+      } else {
+        for (int64_t i = 0; i < m.rows; ++i) {
+          if (interleave) {
+            InterleaveFp8Row(m.Row(i), m.cols, dst + i * row_bytes);
+          } else {
+            std::memcpy(dst + i * row_bytes, m.Row(i), row_bytes);
+          }
         }
       }
     }
     m.data = dst;
     m.row_stride_bytes = row_bytes;
     m.interleaved = interleave;
+    m.row_tile = tile;
+    m.row_phase = 0;
   });
   // Read-only from here: a stray write faults instead of changing a weight.
   ::mprotect(base, static_cast<size_t>(span), PROT_READ);

@@ -31,11 +31,22 @@ struct ResidentReport {
   int64_t huge_page_bytes = 0;  // of the region, backed by huge pages right after the copy
   bool huge_pages = false;      // the kernel took the huge-page advice
   int64_t interleaved = 0;      // FP8 matrices stored in interleaved groups
+  int64_t row_tiled = 0;        // of those, stored in tiles of kResidentRowTile rows
 };
+
+// Rows per tile of the resident FP8 layout (Matrix::row_tile): the decode
+// kernel's tile height (NrFor(1) on AVX2 and AVX-512).
+inline constexpr int64_t kResidentRowTile = 4;
 
 // Row `src` of `cols` FP8 values into `dst` in the interleaved layout of
 // Matrix::interleaved.
 void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst);
+
+// The rows of FP8 `src` (stored in order, cols % 64 == 0) into `dst` in the
+// layout of Matrix::row_tile: interleaved groups, tiles of `row_tile` rows;
+// dst holds ceil(rows / row_tile) * row_tile * cols bytes, the padding rows
+// left as they are.
+void WriteFp8Tiles(const Matrix& src, int64_t row_tile, uint8_t* dst);
 
 // A model whose matrices, except the embedding (read a row per token), view
 // one anonymous region holding a compact copy of each (rows of exactly `cols`
@@ -46,10 +57,13 @@ void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst);
 // The result keeps `model` alive (scales and vectors stay where they are).
 // Returns `model` itself, with report->huge_pages false, where the kernel has
 // no transparent huge pages (a copy would then only cost memory).
-// `interleave` false keeps every row in order (for side-by-side measurements).
+// Those are also stored in tiles of kResidentRowTile rows (Matrix::row_tile),
+// so the decode kernel reads one stream per tile.
+// `interleave` false keeps every row in order, `tile_rows` false keeps
+// interleaved rows apart (both for side-by-side measurements).
 absl::StatusOr<std::shared_ptr<const ModelWeights>> MakeResident(
     std::shared_ptr<const ModelWeights> model, ResidentReport* report = nullptr,
-    bool interleave = true);
+    bool interleave = true, bool tile_rows = true);
 
 }  // namespace ringlane::worker
 

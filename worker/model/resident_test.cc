@@ -32,7 +32,7 @@ bool Inside(const void* p, const std::vector<std::shared_ptr<MappedFile>>& files
 
 // Every matrix of `copy` holds the elements of the same matrix of `model`, in
 // rows of exactly `cols` elements (FP8 ones of whole 128-column blocks in
-// interleaved groups), outside the model's files (the embedding stays in
+// interleaved groups and tiles of rows), outside the model's files (the embedding stays in
 // place); the views, offsets and scales are the model's.
 void ExpectSameMatrices(const ModelWeights& model, const ModelWeights& copy,
                         const std::vector<std::shared_ptr<MappedFile>>& files) {
@@ -58,6 +58,7 @@ void ExpectSameMatrices(const ModelWeights& model, const ModelWeights& copy,
     EXPECT_EQ(y.interleaved,
               x.dtype == DType::kFP8E4M3 && x.cols % 128 == 0 && x.col_offset % 64 == 0)
         << "matrix " << i;
+    EXPECT_EQ(y.row_tile, y.interleaved ? kResidentRowTile : 1) << "matrix " << i;
     for (int64_t r = 0; r < x.rows; ++r) {
       for (int64_t c = 0; c < x.cols; ++c) {
         ASSERT_EQ(std::memcmp(y.Row(r) + y.StoredColumn(c) * es, x.Row(r) + c * es, es), 0)
@@ -109,6 +110,7 @@ TEST(Resident, CopiesFp8MoeShardsAndTheMtpLayer) {
   if (!report.huge_pages) GTEST_SKIP() << "transparent huge pages are off on this machine";
   ExpectSameMatrices(*full, **whole, full->files);
   EXPECT_GT(report.interleaved, 0);
+  EXPECT_EQ(report.row_tiled, report.interleaved);
   ASSERT_NE((*whole)->mtp, nullptr);
   EXPECT_NE((*whole)->mtp, full->mtp) << "the MTP layer's matrices are copied too";
 

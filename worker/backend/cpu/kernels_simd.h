@@ -73,11 +73,14 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
     if (w.interleaved) {
       // Whole groups: 64 columns per row from one load and a few shifts, the
       // lanes' sums taken in the same order as 16 columns at a time.
-      for (const int64_t K64 = K & ~int64_t{63}; k < K64; k += 64) {
-        for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + k);
+      // Group g of a row is at g * row_tile bytes from its start (rows in
+      // tiles, Matrix::row_tile); the next tile's same rows are NR rows on.
+      const int64_t step = 64 * w.row_tile;
+      for (int64_t K64 = K & ~int64_t{63}, at = 0; k < K64; k += 64, at += step) {
+        for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + at);
         for (int j = 0; j < NR; ++j) {
           typename V::Vec wv[4];
-          V::LoadW64(rows[j] + k, wv);
+          V::LoadW64(rows[j] + at, wv);
           for (int s = 0; s < 4; ++s) {
             for (int m = 0; m < MR; ++m) {
               acc[m][j] = V::Fma(wv[s], V::LoadF(x + m * ldx + k + 16 * s), acc[m][j]);
@@ -146,9 +149,9 @@ void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
   int64_t k = 0;
   if constexpr (D == DType::kFP8E4M3) {
     if (w.interleaved) {
-      for (const int64_t K64 = K & ~int64_t{63}; k < K64; k += 64) {
+      for (int64_t K64 = K & ~int64_t{63}, at = 0; k < K64; k += 64, at += 64 * w.row_tile) {
         typename V::Vec wv[4];
-        V::LoadW64(row + k, wv);
+        V::LoadW64(row + at, wv);
         for (int s = 0; s < 4; ++s) {
           if constexpr (scaled) {
             const float sc = w.ScaleAt(r, k + 16 * s) * internal::kFp8Rebias;

@@ -287,6 +287,85 @@ TEST(MatMulFp8, InterleavedGroupsSumAsRowsInOrder) {
   }
 }
 
+// Rows in tiles (Matrix::row_tile, MakeResident's layout): 37 rows, so the
+// last tile is padded, and 6 groups across three scale blocks. Every element
+// is where StoredColumn says, a tile's rows take turns group by group, and
+// every path, tile height and DequantRow gives the bits of the rows in order;
+// so do views starting at each row phase and on a later group.
+TEST(MatMulFp8, RowTilesSumAsRowsInOrder) {
+  const int64_t N = 37, K = 6 * 64, T = kResidentRowTile;
+  TestMatrix plain = MakeMatrix(DType::kFP8E4M3, N, K, 43);
+  FillEveryCode(&plain, 7);
+  std::vector<uint8_t> tiled((N + T - 1) / T * T * K, 0);
+  WriteFp8Tiles(plain.m, T, tiled.data());
+  Matrix tm = plain.m;
+  tm.data = tiled.data();
+  tm.interleaved = true;
+  tm.row_tile = T;
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t c = 0; c < K; ++c) {
+      ASSERT_EQ(tm.Row(r)[tm.StoredColumn(c)], plain.m.Row(r)[c]) << r << "," << c;
+    }
+  }
+  EXPECT_EQ(tm.Row(1), tm.Row(0) + 64);
+  EXPECT_EQ(tm.Row(0) + tm.StoredColumn(64), tm.Row(0) + 64 * T);
+  EXPECT_EQ(tm.Row(4), tm.Row(0) + T * K);
+
+  const int kMaxM = 13;
+  std::vector<float> x = RandomX(kMaxM, K, 14);
+  std::vector<float> want(kMaxM * N);
+  internal::MatMulRangeScalar(plain.m, x.data(), K, kMaxM, want.data(), N, 0, N);
+  for (Isa isa : SupportedIsas()) {
+    for (int M = 1; M <= kMaxM; ++M) {
+      for (int path = 0; path <= 2; ++path) {
+        std::vector<float> y(M * N, -1.0f);
+        MatMulRange(tm, x.data(), K, M, y.data(), N, 0, N, isa, path);
+        ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
+            << IsaName(isa) << " M=" << M << " path=" << path;
+      }
+      // A range starting mid-tile, as a task split may.
+      std::vector<float> y(M * N, -1.0f), part(M * N, -1.0f);
+      MatMulRange(tm, x.data(), K, M, y.data(), N, 0, N, isa, 1);
+      MatMulRange(tm, x.data(), K, M, part.data(), N, 0, 6, isa, 1);
+      MatMulRange(tm, x.data(), K, M, part.data(), N, 6, N, isa, 1);
+      ASSERT_TRUE(SameBits(y, part)) << IsaName(isa) << " M=" << M;
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      std::vector<float> a(K), b(K);
+      DequantRow(tm, r, a.data(), isa);
+      DequantRow(plain.m, r, b.data(), Isa::kScalar);
+      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
+    }
+  }
+
+  // Views at every row phase, one of them also starting on group 2.
+  struct View {
+    int64_t r0, rows, c0;
+  };
+  for (const View& v :
+       {View{1, 30, 0}, View{2, 35, 0}, View{3, 20, 0}, View{5, 9, 128}, View{4, 33, 0}}) {
+    const Matrix pv = plain.m.Rows(v.r0, v.rows).Cols(v.c0, K - v.c0);
+    const Matrix tv = tm.Rows(v.r0, v.rows).Cols(v.c0, K - v.c0);
+    for (int64_t r = 0; r < v.rows; ++r) {
+      for (int64_t c = 0; c < K - v.c0; ++c) {
+        ASSERT_EQ(tv.Row(r)[tv.StoredColumn(c)], pv.Row(r)[c]) << v.r0 << ": " << r << "," << c;
+      }
+    }
+    std::vector<float> xv = RandomX(5, K - v.c0, 15), wv(5 * v.rows);
+    internal::MatMulRangeScalar(pv, xv.data(), K - v.c0, 5, wv.data(), v.rows, 0, v.rows);
+    for (Isa isa : SupportedIsas()) {
+      for (int M : {1, 5}) {
+        for (int path = 1; path <= 2; ++path) {
+          std::vector<float> y(M * v.rows);
+          MatMulRange(tv, xv.data(), K - v.c0, M, y.data(), v.rows, 0, v.rows, isa, path);
+          ASSERT_TRUE(SameBits(y, std::vector<float>(wv.begin(), wv.begin() + M * v.rows)))
+              << IsaName(isa) << " r0=" << v.r0 << " M=" << M << " path=" << path;
+        }
+      }
+    }
+  }
+}
+
 // The FP8 sum of kernels.h written out: x' = x * (block scale * 256) rounded
 // once, w' = value / 256, fused multiply-adds into lane k % 16 in increasing
 // k, the tail into lane k - K16, then the fixed tree. Rows 120..135 cross a
