@@ -108,6 +108,14 @@ void Speculator::BeginRound(int64_t decoding_lanes) {
   round_lanes_ = decoding_lanes;
   round_open_ = !o_.adaptive || !o_.gate || gate_.IsOpen(decoding_lanes);
   round_wanted_ = false;
+  ClearRoundDrafts();
+}
+
+void Speculator::ClearRoundDrafts() {
+  round_drafts_ = 0;
+  round_expected_ = 0;
+  round_draft_cost_ = 0;
+  round_drafted_.clear();
 }
 
 DraftRoundTag Speculator::EndRound() {
@@ -137,6 +145,11 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   int cap = std::min(ctx.max_drafts, o_.max_drafts);
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
   if (cap <= 0) return d;
+  // A lane planned twice without BeginRound (tests plan rows one after
+  // another) starts a new round.
+  if (std::find(round_drafted_.begin(), round_drafted_.end(), lane.id) != round_drafted_.end()) {
+    ClearRoundDrafts();
+  }
   LaneSpec& ls = lanes_[lane.id];
   if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
   if (ls.probe_interval == 0) ls.probe_interval = probe_start_;
@@ -156,7 +169,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   const double n = static_cast<double>(lanes);
 
   int best = -1, best_k = 0, best_class = 0;
-  double best_value = -1;
+  double best_value = -1, best_per_draft = 0;
   // What the best source's acceptance would give at full depth: the same
   // yardstick whether or not the gate lets the lane draft (a closed gate's
   // draft model proposes nothing to measure depth by).
@@ -183,15 +196,21 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     // drafts, over the round's cost with the drafts' positions (and
     // proposals) added. Without adaptive depth, all the source proposes.
     const double per_draft = static_cast<int>(s) == model_source_ ? draft_cost : 0.0;
+    // The lanes planned before this one in the round drafted too: their
+    // positions are already in the round's size, their expected tokens in
+    // its yield, so five lanes that each could draft 4 do not all draft 4
+    // into a round that costs 4x at 25 positions.
     int k = 0;
     double value = 0, term = 1, sum = 0;
-    double best_rate = n / std::max(1e-9, round_cost(lanes));
+    const double yield = n + round_expected_;
+    const int64_t size = lanes + round_drafts_;
+    double best_rate = yield / std::max(1e-9, round_cost(size) + round_draft_cost_);
     const int len = static_cast<int>(prop.tokens.size());
     for (int j = 1; j <= len; ++j) {
       term *= a;
       sum += term;
-      const double rate =
-          (n + sum) / std::max(1e-9, round_cost(lanes + j) + per_draft * static_cast<double>(j));
+      const double rate = (yield + sum) / std::max(1e-9, round_cost(size + j) + round_draft_cost_ +
+                                                             per_draft * static_cast<double>(j));
       if (!o_.adaptive || rate > best_rate) {
         best_rate = rate;
         k = j;
@@ -203,6 +222,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
       best_k = k;
       best_class = cls;
       best_value = value;
+      best_per_draft = per_draft;
       best_tokens = std::move(prop.tokens);
     }
   }
@@ -245,6 +265,10 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   ls.rows_since_draft = 0;
   ls.probing = probe;
   ls.drafted_class = best_class;
+  round_drafts_ += best_k;
+  round_expected_ += probe ? 0.0 : best_value;
+  round_draft_cost_ += best_per_draft * static_cast<double>(best_k);
+  round_drafted_.push_back(lane.id);
   best_tokens.resize(best_k);
   d.tokens = std::move(best_tokens);
   d.source = best;

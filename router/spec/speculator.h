@@ -12,7 +12,8 @@
 // is accepted given the ones before it were: accepted drafts / (accepted +
 // rejection events), decayed, over the lane's recent verify rows, with the
 // source's group-wide rate as its prior. The j-th draft then adds p^j
-// expected tokens and one position to a round shared by N decoding lanes;
+// expected tokens and one position to a round shared by N decoding lanes
+// (and by the drafts of the lanes planned before it in the round);
 // by the round-cost model (fixed + per_token * tokens) it raises the
 // round's tokens per microsecond while p^j > per_token * N / (fixed +
 // per_token * N). So a lone memory-bound lane drafts deep, a full round
@@ -130,6 +131,7 @@ class Speculator final : public Drafter {
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
+  void ClearRoundDrafts();
   double GlobalAcceptance(int rate) const;
 
   const SpeculatorOptions o_;
@@ -155,6 +157,12 @@ class Speculator final : public Drafter {
   int64_t round_lanes_ = 1;
   bool round_open_ = true;
   bool round_wanted_ = false;
+  // What the lanes planned so far in the round drafted: positions, expected
+  // accepted drafts, and the draft model's proposing time for them.
+  int64_t round_drafts_ = 0;
+  double round_expected_ = 0;
+  double round_draft_cost_ = 0;
+  std::vector<LaneId> round_drafted_;
 };
 
 }  // namespace ringlane::router

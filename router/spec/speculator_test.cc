@@ -198,6 +198,51 @@ TEST(SpeculatorTest, DepthFollowsTheMeasuredCostOfEachRoundSize) {
   EXPECT_EQ(RunRows(*spec2, l2, ctx, 20).back(), 8);
 }
 
+// Five always-right lanes in one round whose positions are cheap up to 12
+// and dear past that (each a whole round's worth). A lane planned alone would
+// draft 7 (12 positions with the other 4 lanes' rows); planned as if the
+// others drafted nothing, all five did, a round of 40 positions that costs
+// 19x a 5-token round for 8x its tokens. Counting the drafts planned before
+// it, only the first lane drafts.
+TEST(SpeculatorTest, LaterLanesOfARoundCountTheDraftsBeforeThem) {
+  auto knee = [](int64_t tokens) {
+    return tokens <= 12 ? 1000.0 + 50.0 * static_cast<double>(tokens - 1)
+                        : 1550.0 + 1000.0 * static_cast<double>(tokens - 12);
+  };
+  RoundCostModel measured;
+  for (int i = 0; i < 800; ++i) {
+    const int64_t tokens = 1 + i % 48;
+    measured.Observe(tokens, knee(tokens));
+  }
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &measured};
+  // Without the measured gate, which starts closed until it has seen plain
+  // rounds of each size.
+  SpeculatorOptions o;
+  o.sources = {"ngram"};
+  o.gate = false;
+  o.source_options = SourceOptions();
+  auto made = Speculator::Create(o, std::make_shared<SuffixCache>(24, 4096));
+  ASSERT_TRUE(made.ok()) << made.status();
+  Speculator* spec = made->get();
+  std::vector<ScriptedLane> lanes;
+  for (int i = 0; i < 5; ++i) lanes.emplace_back(i + 1, std::vector<int32_t>{5, 6, 7, 8, 9, 10});
+  std::vector<int> last(5);
+  for (int round = 0; round < 20; ++round) {
+    spec->BeginRound(5);
+    for (int i = 0; i < 5; ++i) {
+      DraftDecision d = spec->Plan(lanes[i].lane, ctx);
+      last[i] = static_cast<int>(d.tokens.size());
+      const int accepted = lanes[i].Verify(d.tokens);
+      if (!d.tokens.empty()) {
+        spec->OnVerified(lanes[i].lane.id, d.source, static_cast<int>(d.tokens.size()), accepted);
+      }
+    }
+    spec->EndRound();
+  }
+  EXPECT_EQ(last[0], 7);
+  for (int i = 1; i < 5; ++i) EXPECT_EQ(last[i], 0) << "lane " << i;
+}
+
 TEST(SpeculatorTest, AnAlwaysWrongSourceStopsDrafting) {
   const RoundCostModel cost = CostOf(10000, 100);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
