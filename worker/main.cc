@@ -123,9 +123,9 @@ ABSL_FLAG(bool, huge_page_weights, true,
           "miss each: 1.08-1.30x decode measured); false serves from the mapping");
 ABSL_FLAG(std::string, fp8_layout, "tiles",
           "with --huge_page_weights, how FP8 matrices are stored: tiles (interleaved 64-column "
-          "groups in tiles of 4 rows, one stream per decode tile: single-stream decode 1.06-1.2x) "
-          "or rows (the checkpoint's order; a batch of 5 measured 1.3-1.4x faster with it on an "
-          "AMD EPYC, single streams slower)");
+          "groups in tiles of 4 rows, one stream per decode tile: one stream 1.03-1.2x faster "
+          "than rows) or rows (the checkpoint's order: a batch of 5 measured 1.09-1.36x faster "
+          "than tiles on an AMD EPYC)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu (cuda is not built yet)");
 ABSL_FLAG(int, join_timeout_ms, 60000,
           "how long to wait for the other ranks before logging who is missing");

@@ -59,7 +59,7 @@ struct Avx512 {
   }
 
   // 32 registers: tiles of up to 20 accumulators. Four weight rows for a
-  // batch of 5 too, not 3: measured 1.25-1.45x on the engine's batch of 5
+  // batch of 5 too, not 3: measured 1.2-1.4x on the engine's batch of 5
   // (a 4-row tile is one stream of Matrix::row_tile, and rows in order
   // gained as much).
   static constexpr int NrFor(int mr) { return mr <= 5 ? 4 : 3; }
