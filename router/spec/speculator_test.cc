@@ -125,6 +125,18 @@ RoundCostModel CostOf(double fixed_us, double per_token_us) {
   return m;
 }
 
+// A cost model that has measured rounds of 1..sizes tokens costing
+// cost(tokens) each.
+template <class Cost>
+RoundCostModel MeasuredCosts(Cost cost, int64_t sizes) {
+  RoundCostModel m;
+  for (int64_t i = 0; i < 400 * sizes / 12; ++i) {
+    const int64_t tokens = 1 + i % sizes;
+    m.Observe(tokens, cost(tokens));
+  }
+  return m;
+}
+
 // Runs `rows` decode rows of one lane; returns the drafts per row.
 std::vector<int> RunRows(Speculator& spec, ScriptedLane& l, const DraftContext& ctx, int rows) {
   std::vector<int> depths;
@@ -181,11 +193,7 @@ TEST(SpeculatorTest, DepthFollowsTheMeasuredCostOfEachRoundSize) {
     return tokens <= 5 ? 1000.0 + 180.0 * static_cast<double>(tokens - 1)
                        : 1720.0 + 450.0 * static_cast<double>(tokens - 5);
   };
-  RoundCostModel measured;
-  for (int i = 0; i < 400; ++i) {
-    const int64_t tokens = 1 + i % 12;
-    measured.Observe(tokens, convex(tokens));
-  }
+  const RoundCostModel measured = MeasuredCosts(convex, 12);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &measured};
   auto spec = Make({"ngram"});
   ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
@@ -209,11 +217,7 @@ TEST(SpeculatorTest, LaterLanesOfARoundCountTheDraftsBeforeThem) {
     return tokens <= 12 ? 1000.0 + 50.0 * static_cast<double>(tokens - 1)
                         : 1550.0 + 1000.0 * static_cast<double>(tokens - 12);
   };
-  RoundCostModel measured;
-  for (int i = 0; i < 800; ++i) {
-    const int64_t tokens = 1 + i % 48;
-    measured.Observe(tokens, knee(tokens));
-  }
+  const RoundCostModel measured = MeasuredCosts(knee, 48);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &measured};
   // Without the measured gate, which starts closed until it has seen plain
   // rounds of each size.

@@ -235,6 +235,33 @@ TEST(MatMulFp8, EveryCodeOnEveryPath) {
   }
 }
 
+// `stored` (the N x K FP8 rows of `plain` in another layout) against
+// `plain` on every path: MatMulRange for every instruction set, 1..13 rows
+// of x and each path, and DequantRow of every row; equal bits throughout.
+void ExpectSumsAsRowsInOrder(const Matrix& stored, const Matrix& plain, uint32_t seed) {
+  const int64_t N = plain.rows, K = plain.cols;
+  const int kMaxM = 13;
+  std::vector<float> x = RandomX(kMaxM, K, seed);
+  std::vector<float> want(kMaxM * N);
+  internal::MatMulRangeScalar(plain, x.data(), K, kMaxM, want.data(), N, 0, N);
+  for (Isa isa : SupportedIsas()) {
+    for (int M = 1; M <= kMaxM; ++M) {
+      for (int path = 0; path <= 2; ++path) {
+        std::vector<float> y(M * N, -1.0f);
+        MatMulRange(stored, x.data(), K, M, y.data(), N, 0, N, isa, path);
+        ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
+            << IsaName(isa) << " M=" << M << " path=" << path;
+      }
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      std::vector<float> a(K), b(K);
+      DequantRow(stored, r, a.data(), isa);
+      DequantRow(plain, r, b.data(), Isa::kScalar);
+      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
+    }
+  }
+}
+
 // Rows stored in interleaved groups (Matrix::interleaved, MakeResident's
 // layout) sum to the same bits as the rows in order on every path, for every
 // tile height, whole groups followed by a 16-column step and a tail; so do
@@ -253,26 +280,7 @@ TEST(MatMulFp8, InterleavedGroupsSumAsRowsInOrder) {
     ASSERT_EQ(il.Row(3)[il.StoredColumn(c)], plain.m.Row(3)[c]) << c;
   }
 
-  const int kMaxM = 13;
-  std::vector<float> x = RandomX(kMaxM, K, 12);
-  std::vector<float> want(kMaxM * N);
-  internal::MatMulRangeScalar(plain.m, x.data(), K, kMaxM, want.data(), N, 0, N);
-  for (Isa isa : SupportedIsas()) {
-    for (int M = 1; M <= kMaxM; ++M) {
-      for (int path = 0; path <= 2; ++path) {
-        std::vector<float> y(M * N, -1.0f);
-        MatMulRange(il, x.data(), K, M, y.data(), N, 0, N, isa, path);
-        ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
-            << IsaName(isa) << " M=" << M << " path=" << path;
-      }
-    }
-    for (int64_t r = 0; r < N; ++r) {
-      std::vector<float> a(K), b(K);
-      DequantRow(il, r, a.data(), isa);
-      DequantRow(plain.m, r, b.data(), Isa::kScalar);
-      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
-    }
-  }
+  ExpectSumsAsRowsInOrder(il, plain.m, 12);
 
   // Columns [128, K): groups 2..6 of the rows, then the step and the tail.
   Matrix plain_view = plain.m.Cols(128, K - 128), il_view = il.Cols(128, K - 128);
@@ -311,30 +319,16 @@ TEST(MatMulFp8, RowTilesSumAsRowsInOrder) {
   EXPECT_EQ(tm.Row(0) + tm.StoredColumn(64), tm.Row(0) + 64 * T);
   EXPECT_EQ(tm.Row(4), tm.Row(0) + T * K);
 
-  const int kMaxM = 13;
-  std::vector<float> x = RandomX(kMaxM, K, 14);
-  std::vector<float> want(kMaxM * N);
-  internal::MatMulRangeScalar(plain.m, x.data(), K, kMaxM, want.data(), N, 0, N);
+  ExpectSumsAsRowsInOrder(tm, plain.m, 14);
+  // A range starting mid-tile, as a task split may.
+  std::vector<float> x = RandomX(13, K, 16);
   for (Isa isa : SupportedIsas()) {
-    for (int M = 1; M <= kMaxM; ++M) {
-      for (int path = 0; path <= 2; ++path) {
-        std::vector<float> y(M * N, -1.0f);
-        MatMulRange(tm, x.data(), K, M, y.data(), N, 0, N, isa, path);
-        ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
-            << IsaName(isa) << " M=" << M << " path=" << path;
-      }
-      // A range starting mid-tile, as a task split may.
+    for (int M = 1; M <= 13; ++M) {
       std::vector<float> y(M * N, -1.0f), part(M * N, -1.0f);
       MatMulRange(tm, x.data(), K, M, y.data(), N, 0, N, isa, 1);
       MatMulRange(tm, x.data(), K, M, part.data(), N, 0, 6, isa, 1);
       MatMulRange(tm, x.data(), K, M, part.data(), N, 6, N, isa, 1);
       ASSERT_TRUE(SameBits(y, part)) << IsaName(isa) << " M=" << M;
-    }
-    for (int64_t r = 0; r < N; ++r) {
-      std::vector<float> a(K), b(K);
-      DequantRow(tm, r, a.data(), isa);
-      DequantRow(plain.m, r, b.data(), Isa::kScalar);
-      ASSERT_TRUE(SameBits(a, b)) << IsaName(isa) << " row " << r;
     }
   }
 
