@@ -210,7 +210,7 @@ TEST(SpeculatorTest, DepthFollowsTheMeasuredCostOfEachRoundSize) {
 // and dear past that (each a whole round's worth). A lane planned alone would
 // draft 7 (12 positions with the other 4 lanes' rows); planned as if the
 // others drafted nothing, all five did, a round of 40 positions that costs
-// 19x a 5-token round for 8x its tokens. Counting the drafts planned before
+// 25x a 5-token round for 8x its tokens. Counting the drafts planned before
 // it, only the first lane drafts.
 TEST(SpeculatorTest, LaterLanesOfARoundCountTheDraftsBeforeThem) {
   auto knee = [](int64_t tokens) {
