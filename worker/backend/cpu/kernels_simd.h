@@ -61,12 +61,17 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
   typename V::Vec acc[MR][NR];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NR; ++j) acc[m][j] = V::Zero();
+  // This tile's rows and the next tile's, whose same columns are prefetched;
+  // from Row(), so a tile that straddles the stored tiles (Matrix::row_tile)
+  // prefetches its real successors. Past the end of the matrix is harmless
+  // (prefetches never fault).
   const uint8_t* rows[NR];
-  for (int j = 0; j < NR; ++j) rows[j] = w.Row(n + j);
+  const uint8_t* next[NR];
+  for (int j = 0; j < NR; ++j) {
+    rows[j] = w.Row(n + j);
+    next[j] = w.Row(n + NR + j);
+  }
   constexpr int64_t kElemBytes = D == DType::kF32 ? 4 : (D == DType::kFP8E4M3 ? 1 : 2);
-  // Byte distance to the same row of the next tile; prefetching past the end
-  // of the matrix is harmless (prefetches never fault).
-  const int64_t next_tile = NR * w.row_stride_bytes;
 
   int64_t k = 0;
   if constexpr (D == DType::kFP8E4M3) {
@@ -74,10 +79,10 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
       // Whole groups: 64 columns per row from one load and a few shifts, the
       // lanes' sums taken in the same order as 16 columns at a time.
       // Group g of a row is at g * row_tile bytes from its start (rows in
-      // tiles, Matrix::row_tile); the next tile's same rows are NR rows on.
+      // tiles, Matrix::row_tile).
       const int64_t step = 64 * w.row_tile;
       for (int64_t K64 = K & ~int64_t{63}, at = 0; k < K64; k += 64, at += step) {
-        for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + at);
+        for (int j = 0; j < NR; ++j) __builtin_prefetch(next[j] + at);
         for (int j = 0; j < NR; ++j) {
           typename V::Vec wv[4];
           V::LoadW64(rows[j] + at, wv);
@@ -94,7 +99,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
     // Rows are short streams (a few KB) that the hardware prefetcher barely
     // catches; fetch the same columns of the next tile's rows meanwhile.
     if ((k * kElemBytes) % 64 == 0) {
-      for (int j = 0; j < NR; ++j) __builtin_prefetch(rows[j] + next_tile + k * kElemBytes);
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(next[j] + k * kElemBytes);
     }
     typename V::Vec xv[MR];
     for (int m = 0; m < MR; ++m) xv[m] = V::LoadF(x + m * ldx + k);
