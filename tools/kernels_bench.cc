@@ -1,7 +1,9 @@
 // Google Benchmark of the matmul kernels on one thread: bytes of weights
-// streamed per second for decode-sized row counts, flops for prefill-sized.
+// streamed per second for decode-sized row counts, flops for prefill-sized;
+// and of one head's attention for one query row against a context.
 //
 //   build/tools/ringlane-kernels-bench --benchmark_filter=FP8
+//   build/tools/ringlane-kernels-bench --benchmark_filter=Attend
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -136,6 +138,33 @@ BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)
 BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632, false)
     ->ArgsProduct({{1, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+
+// One query row of one head against `context` positions (args: head_dim,
+// context), on the machine's best instruction set: context positions per
+// second. head_dim 8 is the bundled model's (scores and softmax dominate),
+// 64 the 1.1B model's (the dot products and values do).
+void BM_Attend(benchmark::State& state) {
+  const int hd = static_cast<int>(state.range(0));
+  const int64_t n = state.range(1);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  // K transposed at the worker's stride.
+  const int64_t ldkt = rw::cpu::TransposedKStride(n);
+  std::vector<float> q(hd), kt(hd * ldkt), v(n * hd), scores(n), out(hd);
+  for (float& x : q) x = g(rng);
+  for (float& x : kt) x = g(rng);
+  for (float& x : v) x = g(rng);
+  const int64_t pos = n - 1;
+  const rw::cpu::Isa isa = rw::cpu::DetectIsa();
+  for (auto _ : state) {
+    rw::cpu::AttendArgs a{q.data(), hd, 1,  &pos,          kt.data(),  ldkt,
+                          v.data(), hd, hd, scores.data(), out.data(), hd};
+    rw::cpu::AttendHead(a, isa);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_Attend)->ArgsProduct({{8, 64}, {512, 4000, 4096}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

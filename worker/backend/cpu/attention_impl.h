@@ -4,6 +4,7 @@
 #ifndef RINGLANE_WORKER_BACKEND_CPU_ATTENTION_IMPL_H_
 #define RINGLANE_WORKER_BACKEND_CPU_ATTENTION_IMPL_H_
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -14,18 +15,70 @@
 namespace ringlane::worker::cpu::internal {
 namespace {
 
-// Each query row r attends to context positions [0, positions[r]] in order:
-// scores (see AttendArgs), max, exponentials and their sum in increasing
-// position, probabilities normalized, then the values accumulated in
-// increasing position. Nothing here depends on how many rows are processed
-// together. The position loops are independent across positions (scores) or
-// across dimensions (values), so the compiler vectorizes them without
-// reordering any sum.
+// exp(x) for a softmax's x = score - max <= 0, from exactly rounded basic
+// operations so that every instruction set gives the same bits and the loop
+// over positions vectorizes (libm's expf is a call per element, and was half
+// of a small head's attention): x = n ln2 + r with n = round(x log2 e) and
+// |r| <= ln2 / 2, exp(r) by its Taylor series to r^7 (truncation below 3e-9,
+// under float rounding), 2^n set in the exponent. Below -87.3 (2^-126) it
+// gives 0 where expf gives a subnormal, which no softmax whose largest term
+// is 1 can tell. NaN stays NaN.
+inline constexpr float kExpLow = -87.3f;
+// Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+inline constexpr float kExpShift = 12582912.0f;
+inline constexpr float kExpLog2e = 1.44269502f;
+// ln 2 in two parts: n * kExpLn2Hi is exact for |n| < 2^8.
+inline constexpr float kExpLn2Hi = 0.693145751953125f;
+inline constexpr float kExpLn2Lo = 1.42860677e-6f;
+// 1/7!, 1/6!, ..., 1/1!, 1/0!: Horner's order.
+inline constexpr float kExpPoly[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                      1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+
+inline float SoftmaxExp(float x) {
+  const float xc = x < kExpLow ? kExpLow : x;
+  const float t = std::fma(xc, kExpLog2e, kExpShift);
+  const float n = t - kExpShift;
+  float r = std::fma(n, -kExpLn2Hi, xc);
+  r = std::fma(n, -kExpLn2Lo, r);
+  float p = kExpPoly[0];
+  for (int i = 1; i < 8; ++i) p = std::fma(p, r, kExpPoly[i]);
+  const uint32_t two_n = (std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(kExpShift) + 127u)
+                         << 23;
+  const float e = p * std::bit_cast<float>(two_n);
+  return x < kExpLow ? 0.0f : e;
+}
+
+// The max and the sum over a row's positions are taken in kSoftmaxLanes
+// interleaved lanes (position j in lane j % kSoftmaxLanes), then the lanes
+// pairwise: a fixed order whatever the rows beside it, and one a vector
+// unit runs without a chain of dependent adds per position.
+inline constexpr int kSoftmaxLanes = 8;
+
+inline float LaneTreeSum(const float* l) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+inline float LaneTreeMax(const float* l) {
+  float m = l[0];
+  for (int i = 1; i < kSoftmaxLanes; ++i) m = l[i] > m ? l[i] : m;
+  return m;
+}
+
+// Each query row r attends to context positions [0, positions[r]]: scores
+// (see AttendArgs), their max, exponentials and their sum (in lanes, above),
+// probabilities normalized, then the values accumulated in increasing
+// position. Nothing here depends on how many rows are processed together.
+// The position loops are independent across positions (scores) or across
+// dimensions (values), or run in fixed lanes. This is the reference every
+// instruction set's kernel must match bit for bit (kernels_avx2.cc has the
+// vector one: the compiler does not vectorize the exponentials).
 inline void AttendHeadImpl(const AttendArgs& a) {
   const float sqrt_hd = std::sqrt(static_cast<float>(a.head_dim));
+  constexpr int L = kSoftmaxLanes;
   for (int r = 0; r < a.rows; ++r) {
     const float* q = a.q + r * a.ldq;
     const int64_t n = a.positions[r] + 1;
+    const int64_t n_full = n - n % L;
     float* s = a.scores;
     for (int64_t j = 0; j < n; ++j) s[j] = 0.0f;
     for (int d = 0; d < a.head_dim; ++d) {
@@ -33,23 +86,27 @@ inline void AttendHeadImpl(const AttendArgs& a) {
       const float* kd = a.kt + d * a.ldkt;
       for (int64_t j = 0; j < n; ++j) s[j] = std::fma(qd, kd[j], s[j]);
     }
-    float mx = -INFINITY;
     if (a.scale > 0.0f) {
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] = s[j] * a.scale;
-        mx = std::fmax(mx, s[j]);
-      }
+      for (int64_t j = 0; j < n; ++j) s[j] = s[j] * a.scale;
     } else {
-      for (int64_t j = 0; j < n; ++j) {
-        s[j] = s[j] / sqrt_hd;
-        mx = std::fmax(mx, s[j]);
-      }
+      for (int64_t j = 0; j < n; ++j) s[j] = s[j] / sqrt_hd;
     }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
+    float lane[L];
+    for (int l = 0; l < L; ++l) lane[l] = -INFINITY;
+    for (int64_t j = 0; j < n_full; j += L) {
+      for (int l = 0; l < L; ++l) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
     }
+    for (int64_t j = n_full; j < n; ++j) {
+      lane[j - n_full] = s[j] > lane[j - n_full] ? s[j] : lane[j - n_full];
+    }
+    const float mx = LaneTreeMax(lane);
+    for (int64_t j = 0; j < n; ++j) s[j] = SoftmaxExp(s[j] - mx);
+    for (int l = 0; l < L; ++l) lane[l] = 0.0f;
+    for (int64_t j = 0; j < n_full; j += L) {
+      for (int l = 0; l < L; ++l) lane[l] += s[j + l];
+    }
+    for (int64_t j = n_full; j < n; ++j) lane[j - n_full] += s[j];
+    const float sum = LaneTreeSum(lane);
     for (int64_t j = 0; j < n; ++j) s[j] /= sum;
     if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
     float* o = a.out + r * a.ldo;

@@ -157,18 +157,19 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& vb = vbuf_[thread];
     std::vector<float>& sc = scores_[thread];
+    const int64_t ldkt = TransposedKStride(n_ctx);
     if (kb.size() < static_cast<size_t>(n_ctx * hd)) {
       kb.resize(n_ctx * hd);
-      kt.resize(n_ctx * hd);
       vb.resize(n_ctx * hd);
     }
+    if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
     if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
     // Every row, this chunk's own included, reads K/V back from the cache in
     // the stored dtype, exactly as a later decode step will.
     kv_->Gather(seq.block_ids, n_ctx, layer, 0, g, kb.data(), hd);
     kv_->Gather(seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd);
     for (int64_t j = 0; j < n_ctx; ++j)
-      for (int d = 0; d < hd; ++d) kt[d * n_ctx + j] = kb[j * hd + d];
+      for (int d = 0; d < hd; ++d) kt[d * ldkt + j] = kb[j * hd + d];
     const int64_t row0 = rows_.seq_row0[s];
     for (int h = 0; h < heads.heads; ++h) {
       // Local query head h uses the KV head of its global index.
@@ -179,7 +180,7 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
       a.rows = rows;
       a.positions = rows_.positions + row0;
       a.kt = kt.data();
-      a.ldkt = n_ctx;
+      a.ldkt = ldkt;
       a.v = vb.data();
       a.ldv = hd;
       a.head_dim = hd;
@@ -268,13 +269,14 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     std::vector<float>& qb = qbuf_[thread];
     const int64_t n_scores = std::max<int64_t>(n_dense, selection ? selection->topk : 0);
     if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
-    if (kt.size() < static_cast<size_t>(n_dense * W)) kt.resize(n_dense * W);
+    const int64_t ldkt = TransposedKStride(n_dense);
+    if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);
     if (sc.size() < static_cast<size_t>(n_scores)) sc.resize(n_scores);
     if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
     // Read back in the stored dtype, this round's rows too, as decode will.
     kv_->GatherColumns(seq.block_ids, 0, n_dense, layer, 0, W, kb.data(), W);
     for (int64_t j = 0; j < n_dense; ++j)
-      for (int d = 0; d < W; ++d) kt[d * n_dense + j] = kb[j * W + d];
+      for (int d = 0; d < W; ++d) kt[d * ldkt + j] = kb[j * W + d];
     const int64_t ld_lat = int64_t{lh.heads} * C;
     std::vector<float>& skt = sel_kt_[thread];
     std::vector<float>& sv = sel_v_[thread];
@@ -304,7 +306,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       a.rows = n_dense_rows;
       a.positions = local_pos.data();
       a.kt = kt.data();
-      a.ldkt = n_dense;
+      a.ldkt = ldkt;
       a.v = kb.data();
       a.ldv = W;
       a.out = out + row0 * ld_lat + int64_t{h} * C;
@@ -334,10 +336,11 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         continue;
       }
       sv.resize(static_cast<size_t>(n_sel) * W);
-      skt.resize(static_cast<size_t>(n_sel) * W);
+      const int64_t ld_sel = TransposedKStride(n_sel);
+      skt.resize(static_cast<size_t>(ld_sel) * W);
       kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
       for (int i = 0; i < n_sel; ++i)
-        for (int d = 0; d < W; ++d) skt[int64_t{d} * n_sel + i] = sv[int64_t{i} * W + d];
+        for (int d = 0; d < W; ++d) skt[int64_t{d} * ld_sel + i] = sv[int64_t{i} * W + d];
       const int64_t last = n_sel - 1;
       for (int h = h0; h < h1; ++h) {
         query(r, h, qb.data());
@@ -345,7 +348,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         a.rows = 1;
         a.positions = &last;
         a.kt = skt.data();
-        a.ldkt = n_sel;
+        a.ldkt = ld_sel;
         a.v = sv.data();
         a.ldv = W;
         a.out = out + t * ld_lat + int64_t{h} * C;

@@ -2,6 +2,8 @@
 // Compiled with those flags and called only after DetectIsa() saw them.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "worker/backend/cpu/attention_impl.h"
 #include "worker/backend/cpu/kernels.h"
 #include "worker/backend/cpu/kernels_simd.h"
@@ -87,7 +89,120 @@ void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float*
 
 void DequantRowAvx2(const Matrix& w, int64_t r, float* out) { simd::DequantRow<Avx2>(w, r, out); }
 
-void AttendHeadAvx2(const AttendArgs& a) { AttendHeadImpl(a); }
+namespace {
+
+// SoftmaxExp (attention_impl.h) on 8 lanes, operation for operation.
+__m256 SoftmaxExp8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(kExpLow);
+  const __m256 shift = _mm256_set1_ps(kExpShift);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  const __m256 xc = _mm256_blendv_ps(x, low, under);
+  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(kExpLog2e), shift);
+  const __m256 n = _mm256_sub_ps(t, shift);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Hi), xc);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 8; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  const __m256i two_n = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(shift)),
+                       _mm256_set1_epi32(127)),
+      23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+  return _mm256_blendv_ps(e, _mm256_setzero_ps(), under);
+}
+
+// Scores of positions [j0, j0 + 8 * V) for query q, scaled, stored in s.
+template <int V>
+void ScoreBlock(const AttendArgs& a, const float* q, int64_t j0, __m256 scale, bool multiply,
+                float* s, __m256* lane_max) {
+  __m256 acc[V];
+  for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
+  for (int d = 0; d < a.head_dim; ++d) {
+    const __m256 qd = _mm256_set1_ps(q[d]);
+    const float* kd = a.kt + d * a.ldkt + j0;
+    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < V; ++i) {
+    const __m256 v = multiply ? _mm256_mul_ps(acc[i], scale) : _mm256_div_ps(acc[i], scale);
+    _mm256_storeu_ps(s + j0 + 8 * i, v);
+    // max(v, m) is v > m ? v : m, the reference's comparison.
+    *lane_max = _mm256_max_ps(v, *lane_max);
+  }
+}
+
+// The values weighted by p[0..n) into o[0..vd), vd a multiple of 8, at most
+// 8 * kChunk wide per pass so the accumulators stay in registers.
+void AccumulateValues(const AttendArgs& a, const float* p, int64_t n, int d0, int vd, float* o) {
+  constexpr int kChunk = 8;
+  const int vecs = (vd - d0) / 8 < kChunk ? (vd - d0) / 8 : kChunk;
+  __m256 acc[kChunk];
+  for (int i = 0; i < vecs; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const float* v = a.v + j * a.ldv + d0;
+    for (int i = 0; i < vecs; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < vecs; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+}
+
+}  // namespace
+
+// AttendHeadImpl's arithmetic, each position's and each output's operations in
+// the same order (checked bit for bit against it by kernels_test), with the
+// positions' loops on 8 lanes: the lane j % 8 of the max and the sum is the
+// register lane.
+void AttendHeadAvx2(const AttendArgs& a) {
+  constexpr int L = kSoftmaxLanes;
+  static_assert(L == 8, "one register of lanes");
+  const float sqrt_hd = std::sqrt(static_cast<float>(a.head_dim));
+  const bool multiply = a.scale > 0.0f;
+  const float scale_f = multiply ? a.scale : sqrt_hd;
+  const __m256 scale = _mm256_set1_ps(scale_f);
+  const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
+  const int vd8 = vd - vd % 8;
+  for (int r = 0; r < a.rows; ++r) {
+    const float* q = a.q + r * a.ldq;
+    const int64_t n = a.positions[r] + 1;
+    const int64_t n_full = n - n % L;
+    float* s = a.scores;
+    __m256 lane_max = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 32 <= n_full; j += 32) ScoreBlock<4>(a, q, j, scale, multiply, s, &lane_max);
+    for (; j < n_full; j += 8) ScoreBlock<1>(a, q, j, scale, multiply, s, &lane_max);
+    alignas(32) float lane[L];
+    _mm256_store_ps(lane, lane_max);
+    for (; j < n; ++j) {
+      float sj = 0.0f;
+      for (int d = 0; d < a.head_dim; ++d) sj = std::fma(q[d], a.kt[d * a.ldkt + j], sj);
+      sj = multiply ? sj * scale_f : sj / scale_f;
+      s[j] = sj;
+      lane[j - n_full] = sj > lane[j - n_full] ? sj : lane[j - n_full];
+    }
+    const float mx = LaneTreeMax(lane);
+    const __m256 mxv = _mm256_set1_ps(mx);
+    __m256 sum8 = _mm256_setzero_ps();
+    for (j = 0; j < n_full; j += 8) {
+      const __m256 e = SoftmaxExp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+      _mm256_storeu_ps(s + j, e);
+      sum8 = _mm256_add_ps(sum8, e);
+    }
+    _mm256_store_ps(lane, sum8);
+    for (; j < n; ++j) lane[j - n_full] += (s[j] = SoftmaxExp(s[j] - mx));
+    const float sum = LaneTreeSum(lane);
+    const __m256 sumv = _mm256_set1_ps(sum);
+    for (j = 0; j < n_full; j += 8)
+      _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sumv));
+    for (; j < n; ++j) s[j] /= sum;
+    if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
+    float* o = a.out + r * a.ldo;
+    for (int d0 = 0; d0 < vd8; d0 += 64) AccumulateValues(a, s, n, d0, vd8, o);
+    for (int d = vd8; d < vd; ++d) {
+      float od = 0.0f;
+      for (j = 0; j < n; ++j) od = std::fma(s[j], a.v[j * a.ldv + d], od);
+      o[d] = od;
+    }
+  }
+}
 
 void IndexerScoresAvx2(const IndexerScoreArgs& a) { IndexerScoresImpl(a); }
 

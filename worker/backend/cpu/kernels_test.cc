@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/backend/cpu/attention_impl.h"
 #include "worker/model/resident.h"
 
 namespace ringlane::worker::cpu {
@@ -436,6 +437,73 @@ TEST(Attention, RowsTogetherEqualRowsAloneAndScalar) {
       double o = 0;
       for (int j = 0; j <= r; ++j) o += w[j] / sum * v[j * hd + d];
       EXPECT_NEAR(all[r * hd + d], o, 1e-4) << r << "," << d;
+    }
+  }
+}
+
+// The softmax's exponential is the kernels' own: within 1 ulp of exp over
+// the whole range a softmax gives it (x <= 0), 1 at 0, 0 where the true
+// value is below the smallest normal float, NaN for NaN.
+TEST(Attention, SoftmaxExpIsWithinOneUlp) {
+  using internal::SoftmaxExp;
+  EXPECT_EQ(SoftmaxExp(0.0f), 1.0f);
+  EXPECT_EQ(SoftmaxExp(-0.0f), 1.0f);
+  EXPECT_EQ(SoftmaxExp(-INFINITY), 0.0f);
+  EXPECT_EQ(SoftmaxExp(-88.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(SoftmaxExp(NAN)));
+  float worst = 0;
+  for (float x = 0.0f; x > -87.3f; x = std::nextafter(x, -100.0f) - 1.3e-4f * -x - 1e-7f) {
+    const double want = std::exp(double{x});
+    const float got = SoftmaxExp(x);
+    const double ulp =
+        std::nextafter(static_cast<float>(want), INFINITY) - static_cast<float>(want);
+    worst = std::max(worst, static_cast<float>(std::abs(got - want) / ulp));
+  }
+  EXPECT_LE(worst, 1.0f);
+}
+
+// Every instruction set's attention gives the reference's bits for the
+// shapes the models have: the bundled model's 8-dim heads over contexts
+// that end at every lane, a 64-dim head, and an MLA-like latent head (wider
+// keys than values, values past one pass of registers, an explicit scale and
+// the log-sum-exp), with K's rows at the worker's padded stride.
+TEST(Attention, EveryIsaGivesTheReferenceBitsForEveryShape) {
+  struct Shape {
+    int hd, vd, n_ctx;
+    float scale;
+  };
+  for (const Shape& sh : {Shape{8, 0, 77, 0.0f}, Shape{64, 0, 300, 0.0f}, Shape{80, 72, 45, 0.0f},
+                          Shape{144, 136, 40, 0.11f}}) {
+    const int vd = sh.vd > 0 ? sh.vd : sh.hd;
+    const int64_t ldkt = TransposedKStride(sh.n_ctx);
+    std::vector<float> q = RandomX(sh.n_ctx, sh.hd, 7), k = RandomX(sh.n_ctx, sh.hd, 8),
+                       v = RandomX(sh.n_ctx, sh.hd, 9);
+    // Scores large enough that some exponentials underflow.
+    for (float& x : q) x *= 6.0f;
+    std::vector<float> kt(sh.hd * ldkt);
+    for (int j = 0; j < sh.n_ctx; ++j)
+      for (int d = 0; d < sh.hd; ++d) kt[d * ldkt + j] = k[j * sh.hd + d];
+    std::vector<int64_t> pos(sh.n_ctx);
+    for (int i = 0; i < sh.n_ctx; ++i) pos[i] = i;
+    auto run = [&](Isa isa, std::vector<float>* out, std::vector<float>* lse) {
+      std::vector<float> scores(sh.n_ctx);
+      out->assign(sh.n_ctx * vd, 0.0f);
+      lse->assign(sh.n_ctx, 0.0f);
+      AttendArgs a{q.data(), sh.hd, sh.n_ctx, pos.data(),    kt.data(),   ldkt,
+                   v.data(), sh.hd, sh.hd,    scores.data(), out->data(), vd};
+      a.v_dim = sh.vd;
+      a.scale = sh.scale;
+      a.lse = lse->data();
+      a.ld_lse = 1;
+      AttendHead(a, isa);
+    };
+    std::vector<float> want, want_lse;
+    run(Isa::kScalar, &want, &want_lse);
+    for (Isa isa : SupportedIsas()) {
+      std::vector<float> got, got_lse;
+      run(isa, &got, &got_lse);
+      EXPECT_TRUE(SameBits(got, want)) << IsaName(isa) << " hd=" << sh.hd;
+      EXPECT_TRUE(SameBits(got_lse, want_lse)) << IsaName(isa) << " hd=" << sh.hd;
     }
   }
 }
