@@ -222,11 +222,16 @@ void InRegisters(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
   }
 }
 
-inline constexpr int64_t kPanelRows = 16;   // weight rows converted per panel
-inline constexpr int64_t kPanelCols = 512;  // columns per pass, so a pass's data stays in L1
+inline constexpr int64_t kPanelRows = 16;  // weight rows converted per panel
+// Columns per pass. Each pass stores the tiles' lane accumulators and loads
+// them back, so fewer, longer passes: on an AMD EPYC (48 KiB L1, 1 MiB L2)
+// 1024 ran a 512-row prefill tile 1.08x as fast as 512, whose x tile and
+// panel slice fit L1 (ringlane-kernels-bench FP8Tiled, 3 alternating runs:
+// 106-115 -> 113-125 GFLOP/s); 256 was 0.6x, 2048 and 8192 1.04x.
+inline constexpr int64_t kPanelCols = 1024;
 
 // MR rows of x against every row of the panel for columns [k0, k1): NR rows
-// at a time, then single rows. The x tile stays in L1 across the panel rows.
+// at a time, then single rows. The x tile stays in cache across the panel rows.
 template <class V, int MR>
 void PanelTileRow(const float* panel, int64_t ldp, int64_t rows, int64_t k0, int64_t k1,
                   const float* x, int64_t ldx, float* accs, bool first) {
@@ -270,7 +275,7 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
     }
     if (K16 == 0) std::fill(accs.begin(), accs.begin() + M * kPanelRows * 16, 0.0f);
     // Column passes of kPanelCols: within one, the panel slice (16 rows) and
-    // an MR-row x tile stay in L1 while the tile meets every panel row.
+    // an MR-row x tile stay in L2 while the tile meets every panel row.
     for (int64_t k0 = 0; k0 < K16; k0 += kPanelCols) {
       const int64_t k1 = std::min(K16, k0 + kPanelCols);
       PanelAllRows<V, V::kPanelMR>(panel.data(), ldp, rows, k0, k1, x, ldx, 0, M, accs.data(),

@@ -208,9 +208,10 @@ TEST(MatMulFp8, ShardViewUsesGlobalScaleBlocks) {
 // Every E4M3 code but the two NaNs (which quantizers never write), subnormals
 // and both zeros included, converts to the same float on every path; and a
 // view starting 48 columns past a scale edge (a first scale run of 80
-// columns) sums as the scalar path does, for every tile height.
+// columns) sums as the scalar path does, for every tile height, over more
+// columns than one panel pass takes (kPanelCols, 1024).
 TEST(MatMulFp8, EveryCodeOnEveryPath) {
-  const int64_t N = 20, K = 48 + 512 + 9;
+  const int64_t N = 20, K = 48 + 1024 + 128 + 9;
   TestMatrix full = MakeMatrix(DType::kFP8E4M3, N, K, 31);
   FillEveryCode(&full, 5);
   Matrix view = full.m;
