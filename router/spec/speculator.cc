@@ -108,14 +108,9 @@ void Speculator::BeginRound(int64_t decoding_lanes) {
   round_lanes_ = decoding_lanes;
   round_open_ = !o_.adaptive || !o_.gate || gate_.IsOpen(decoding_lanes);
   round_wanted_ = false;
-  ClearRoundDrafts();
-}
-
-void Speculator::ClearRoundDrafts() {
   round_drafts_ = 0;
   round_expected_ = 0;
   round_draft_cost_ = 0;
-  round_drafted_.clear();
 }
 
 DraftRoundTag Speculator::EndRound() {
@@ -145,11 +140,6 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   int cap = std::min(ctx.max_drafts, o_.max_drafts);
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
   if (cap <= 0) return d;
-  // A lane planned twice without BeginRound (tests plan rows one after
-  // another) starts a new round.
-  if (std::find(round_drafted_.begin(), round_drafted_.end(), lane.id) != round_drafted_.end()) {
-    ClearRoundDrafts();
-  }
   LaneSpec& ls = lanes_[lane.id];
   if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
   if (ls.probe_interval == 0) ls.probe_interval = probe_start_;
@@ -268,7 +258,6 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   round_drafts_ += best_k;
   round_expected_ += probe ? 0.0 : best_value;
   round_draft_cost_ += best_per_draft * static_cast<double>(best_k);
-  round_drafted_.push_back(lane.id);
   best_tokens.resize(best_k);
   d.tokens = std::move(best_tokens);
   d.source = best;

@@ -131,7 +131,6 @@ class Speculator final : public Drafter {
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
-  void ClearRoundDrafts();
   double GlobalAcceptance(int rate) const;
 
   const SpeculatorOptions o_;
@@ -158,11 +157,11 @@ class Speculator final : public Drafter {
   bool round_open_ = true;
   bool round_wanted_ = false;
   // What the lanes planned so far in the round drafted: positions, expected
-  // accepted drafts, and the draft model's proposing time for them.
+  // accepted drafts, and the draft model's proposing time for them (from
+  // BeginRound, which the planner calls before every round's Plan calls).
   int64_t round_drafts_ = 0;
   double round_expected_ = 0;
   double round_draft_cost_ = 0;
-  std::vector<LaneId> round_drafted_;
 };
 
 }  // namespace ringlane::router

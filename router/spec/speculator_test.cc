@@ -103,12 +103,15 @@ struct ScriptedLane {
   Lane lane;
 };
 
+// `gate`: the measured gate (draft_gate.h), which starts closed until it
+// has seen plain rounds of the size; the tests of the depth rule go without.
 std::unique_ptr<Speculator> Make(std::vector<std::string> sources, int max_drafts = 8,
-                                 bool adaptive = true) {
+                                 bool adaptive = true, bool gate = false) {
   SpeculatorOptions o;
   o.sources = std::move(sources);
   o.max_drafts = max_drafts;
   o.adaptive = adaptive;
+  o.gate = gate;
   o.source_options = SourceOptions();
   auto s = Speculator::Create(o, std::make_shared<SuffixCache>(24, 4096));
   EXPECT_TRUE(s.ok()) << s.status();
@@ -141,7 +144,9 @@ RoundCostModel MeasuredCosts(Cost cost, int64_t sizes) {
 std::vector<int> RunRows(Speculator& spec, ScriptedLane& l, const DraftContext& ctx, int rows) {
   std::vector<int> depths;
   for (int i = 0; i < rows; ++i) {
+    spec.BeginRound(ctx.decoding_lanes);
     DraftDecision d = spec.Plan(l.lane, ctx);
+    spec.EndRound();
     EXPECT_FALSE(d.wait);
     depths.push_back(static_cast<int>(d.tokens.size()));
     const int accepted = l.Verify(d.tokens);
@@ -219,15 +224,9 @@ TEST(SpeculatorTest, LaterLanesOfARoundCountTheDraftsBeforeThem) {
   };
   const RoundCostModel measured = MeasuredCosts(knee, 48);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &measured};
-  // Without the measured gate, which starts closed until it has seen plain
-  // rounds of each size.
-  SpeculatorOptions o;
-  o.sources = {"ngram"};
-  o.gate = false;
-  o.source_options = SourceOptions();
-  auto made = Speculator::Create(o, std::make_shared<SuffixCache>(24, 4096));
-  ASSERT_TRUE(made.ok()) << made.status();
-  Speculator* spec = made->get();
+  auto made = Make({"ngram"});
+  ASSERT_NE(made, nullptr);
+  Speculator* spec = made.get();
   std::vector<ScriptedLane> lanes;
   for (int i = 0; i < 5; ++i) lanes.emplace_back(i + 1, std::vector<int32_t>{5, 6, 7, 8, 9, 10});
   std::vector<int> last(5);
@@ -264,7 +263,10 @@ TEST(SpeculatorTest, AnAlwaysWrongSourceStopsDrafting) {
   in_flight.row_in_flight = true;
   int waits = 0;
   for (int i = 0; i < 2000; ++i) {
-    if (spec->Plan(l.lane, in_flight).wait) {
+    spec->BeginRound(1);
+    const bool wait = spec->Plan(l.lane, in_flight).wait;
+    spec->EndRound();
+    if (wait) {
       ++waits;
       RunRows(*spec, l, ctx, 1);  // the row after the result drafts
     } else {
@@ -279,6 +281,7 @@ TEST(SpeculatorTest, WaitsForTheRowInFlightOnlyWhenDraftingPays) {
   auto spec = Make({"ngram"});
   ScriptedLane l(1, {5, 6, 7, 8, 9});
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = true, .cost = &cost};
+  spec->BeginRound(1);
   DraftDecision d = spec->Plan(l.lane, ctx);
   EXPECT_TRUE(d.wait);
   EXPECT_TRUE(d.tokens.empty());
@@ -288,6 +291,7 @@ TEST(SpeculatorTest, PerRequestOptOutAndLimit) {
   const RoundCostModel cost = CostOf(10000, 100);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
   auto spec = Make({"ngram"}, 8, /*adaptive=*/false);
+  spec->BeginRound(1);
   ScriptedLane off(1, {5, 6, 7});
   off.lane.req->p.speculative = false;
   EXPECT_TRUE(spec->Plan(off.lane, ctx).tokens.empty());
@@ -298,6 +302,7 @@ TEST(SpeculatorTest, PerRequestOptOutAndLimit) {
   zero.lane.req->p.max_drafts = 0;
   EXPECT_TRUE(spec->Plan(zero.lane, ctx).tokens.empty());
   // The planner's own cap (budget, max_tokens) wins too.
+  spec->BeginRound(1);
   ctx.max_drafts = 2;
   EXPECT_EQ(spec->Plan(capped.lane, ctx).tokens.size(), 2u);
 }
@@ -310,6 +315,7 @@ TEST(SpeculatorTest, SweepDropsStateOfLanesThatAreGone) {
   std::vector<std::unique_ptr<ScriptedLane>> lanes;
   for (LaneId id = 1; id <= 4; ++id) {
     lanes.push_back(std::make_unique<ScriptedLane>(id, std::vector<int32_t>{5, 6, 7}));
+    spec->BeginRound(1);
     spec->Plan(lanes.back()->lane, ctx);
     auto copy = std::make_unique<Lane>();
     copy->id = id;
@@ -355,8 +361,10 @@ std::pair<std::vector<int>, std::vector<int>> RunModelRows(Speculator& spec, Scr
                                                            bool right) {
   std::vector<int> carried, asked;
   for (int i = 0; i < rows; ++i) {
+    spec.BeginRound(ctx.decoding_lanes);
     DraftDecision d = spec.Plan(l.lane, ctx);
     const int depth = spec.ProposeDepth(l.lane, ctx.max_drafts);
+    spec.EndRound();
     carried.push_back(static_cast<int>(d.tokens.size()));
     asked.push_back(depth);
     const int accepted = l.Verify(d.tokens);
@@ -489,7 +497,7 @@ TEST(SpeculatorTest, StopsDraftingAtALaneCountWhereRoundsWithDraftsGaveFewerToke
   DraftContext five{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &cost};
   for (const char* source : {"ngram", "model"}) {
     SCOPED_TRACE(source);
-    auto spec = Make({source});
+    auto spec = Make({source}, 8, /*adaptive=*/true, /*gate=*/true);
     ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
     int drafted = 0, allowed = 0, asked = 0;
     for (int i = 0; i < 400; ++i) {
@@ -513,16 +521,10 @@ TEST(SpeculatorTest, StopsDraftingAtALaneCountWhereRoundsWithDraftsGaveFewerToke
     EXPECT_GT(std::max(first, GatedRound(*spec, l, alone, 4, 1).drafts), 0);
   }
   // --spec_gate=false: the round-cost model alone decides, and drafts.
-  SpeculatorOptions ungated;
-  ungated.sources = {"ngram"};
-  ungated.gate = false;
-  ungated.source_options = SourceOptions();
-  auto model_only = Speculator::Create(ungated, nullptr);
-  ASSERT_TRUE(model_only.ok());
+  auto model_only = Make({"ngram"});
   ScriptedLane u(2, {5, 6, 7, 8, 9, 10, 11});
   int ungated_drafts = 0;
-  for (int i = 0; i < 400; ++i)
-    ungated_drafts += GatedRound(**model_only, u, five, 4, 5).drafts > 0;
+  for (int i = 0; i < 400; ++i) ungated_drafts += GatedRound(*model_only, u, five, 4, 5).drafts > 0;
   EXPECT_GT(ungated_drafts, 300);
   // Without adaptive depth rounds are not gated.
   auto always = Make({"ngram"}, 8, /*adaptive=*/false);
@@ -536,9 +538,11 @@ TEST(SpeculatorTest, WaitsForModelDraftsOfTheRowInFlight) {
   ScriptedLane l(1, {5, 6, 7, 8, 9});
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = true, .cost = &cost};
   // Placeholders of a new lane: worth waiting for.
+  spec->BeginRound(1);
   EXPECT_TRUE(spec->Plan(l.lane, ctx).wait);
   // Without a row in flight, placeholders are never drafted.
   ctx.row_in_flight = false;
+  spec->BeginRound(1);
   DraftDecision d = spec->Plan(l.lane, ctx);
   EXPECT_FALSE(d.wait);
   EXPECT_TRUE(d.tokens.empty());
