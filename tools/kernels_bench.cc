@@ -149,7 +149,7 @@ void BM_Attend(benchmark::State& state) {
   std::mt19937 rng(2);
   std::normal_distribution<float> g(0.0f, 1.0f);
   // K transposed at the worker's stride.
-  const int64_t ldkt = rw::cpu::TransposedKStride(n);
+  const int64_t ldkt = rw::cpu::SpreadStride(n);
   std::vector<float> q(hd), kt(hd * ldkt), v(n * hd), scores(n), out(hd);
   for (float& x : q) x = g(rng);
   for (float& x : kt) x = g(rng);

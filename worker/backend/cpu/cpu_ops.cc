@@ -157,7 +157,7 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& vb = vbuf_[thread];
     std::vector<float>& sc = scores_[thread];
-    const int64_t ldkt = TransposedKStride(n_ctx);
+    const int64_t ldkt = SpreadStride(n_ctx);
     if (kb.size() < static_cast<size_t>(n_ctx * hd)) {
       kb.resize(n_ctx * hd);
       vb.resize(n_ctx * hd);
@@ -269,7 +269,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     std::vector<float>& qb = qbuf_[thread];
     const int64_t n_scores = std::max<int64_t>(n_dense, selection ? selection->topk : 0);
     if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
-    const int64_t ldkt = TransposedKStride(n_dense);
+    const int64_t ldkt = SpreadStride(n_dense);
     if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);
     if (sc.size() < static_cast<size_t>(n_scores)) sc.resize(n_scores);
     if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
@@ -336,7 +336,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         continue;
       }
       sv.resize(static_cast<size_t>(n_sel) * W);
-      const int64_t ld_sel = TransposedKStride(n_sel);
+      const int64_t ld_sel = SpreadStride(n_sel);
       skt.resize(static_cast<size_t>(ld_sel) * W);
       kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
       for (int i = 0; i < n_sel; ++i)

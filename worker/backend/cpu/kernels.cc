@@ -156,7 +156,7 @@ void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
     RangeKernel(w, x, ldx, M, y, ldy, n0, n1, isa, panel);
     return;
   }
-  const int64_t ldxs = (w.cols + 15) & ~int64_t{15};
+  const int64_t ldxs = SpreadStride(w.cols);
   thread_local AlignedFloats xs;
   if (xs.size() < static_cast<size_t>(M * ldxs)) xs.resize(M * ldxs);
   // One x' per 128-row scale block the range touches.

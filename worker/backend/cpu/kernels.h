@@ -104,12 +104,14 @@ struct AttendArgs {
 };
 void AttendHead(const AttendArgs& args, Isa isa);
 
-// A row stride (in floats) for a transposed K of n positions (AttendArgs::kt):
-// at least n, and an odd multiple of 16 floats, so that the head_dim rows a
-// block of positions reads fall in different L1 sets. With n a multiple of
-// 1024 every row fell in the same set: one 64-dim head over 4096 positions
-// took 1.8x as long as over 4000 (ringlane-kernels-bench Attend).
-inline int64_t TransposedKStride(int64_t n) { return (((n + 15) / 16) | 1) * 16; }
+// A row stride (in floats) for rows of n floats that a kernel reads side by
+// side (a transposed K, AttendArgs::kt; the panel's converted weight rows and
+// the scaled activations x' of a prefill tile): at least n, and an odd
+// multiple of 16 floats, so that the same column of successive rows falls
+// in different L1 sets. With n a multiple of 1024 every row fell in the same
+// set: one 64-dim head over 4096 positions took 1.8x as long as over 4000
+// (ringlane-kernels-bench Attend).
+inline int64_t SpreadStride(int64_t n) { return (((n + 15) / 16) | 1) * 16; }
 
 // The DSA indexer's scores of one query row against n keys given transposed:
 // scores[j] = sum over h, in increasing h, of w[h] * max(dot_h(j), 0), where

@@ -264,7 +264,7 @@ void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
                   int64_t n0, int64_t n1) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
-  const int64_t ldp = (K + 15) & ~int64_t{15};
+  const int64_t ldp = SpreadStride(K);
   thread_local AlignedFloats panel, accs;
   if (panel.size() < static_cast<size_t>(kPanelRows * ldp)) panel.resize(kPanelRows * ldp);
   if (accs.size() < static_cast<size_t>(M * kPanelRows * 16)) accs.resize(M * kPanelRows * 16);

@@ -476,7 +476,7 @@ TEST(Attention, EveryIsaGivesTheReferenceBitsForEveryShape) {
   for (const Shape& sh : {Shape{8, 0, 77, 0.0f}, Shape{64, 0, 300, 0.0f}, Shape{80, 72, 45, 0.0f},
                           Shape{144, 136, 40, 0.11f}}) {
     const int vd = sh.vd > 0 ? sh.vd : sh.hd;
-    const int64_t ldkt = TransposedKStride(sh.n_ctx);
+    const int64_t ldkt = SpreadStride(sh.n_ctx);
     std::vector<float> q = RandomX(sh.n_ctx, sh.hd, 7), k = RandomX(sh.n_ctx, sh.hd, 8),
                        v = RandomX(sh.n_ctx, sh.hd, 9);
     // Scores large enough that some exponentials underflow.
