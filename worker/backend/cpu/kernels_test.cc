@@ -473,21 +473,22 @@ TEST(Attention, EveryIsaGivesTheReferenceBitsForEveryShape) {
     int hd, vd, n_ctx;
     float scale;
   };
+  int underflows = 0;
   for (const Shape& sh : {Shape{8, 0, 77, 0.0f}, Shape{64, 0, 300, 0.0f}, Shape{80, 72, 45, 0.0f},
                           Shape{144, 136, 40, 0.11f}}) {
     const int vd = sh.vd > 0 ? sh.vd : sh.hd;
     const int64_t ldkt = SpreadStride(sh.n_ctx);
     std::vector<float> q = RandomX(sh.n_ctx, sh.hd, 7), k = RandomX(sh.n_ctx, sh.hd, 8),
                        v = RandomX(sh.n_ctx, sh.hd, 9);
-    // Scores large enough that some exponentials underflow.
-    for (float& x : q) x *= 6.0f;
+    // Scores spread wide enough that some exponentials underflow to 0.
+    for (float& x : q) x *= 20.0f;
     std::vector<float> kt(sh.hd * ldkt);
     for (int j = 0; j < sh.n_ctx; ++j)
       for (int d = 0; d < sh.hd; ++d) kt[d * ldkt + j] = k[j * sh.hd + d];
     std::vector<int64_t> pos(sh.n_ctx);
     for (int i = 0; i < sh.n_ctx; ++i) pos[i] = i;
+    std::vector<float> scores(sh.n_ctx);
     auto run = [&](Isa isa, std::vector<float>* out, std::vector<float>* lse) {
-      std::vector<float> scores(sh.n_ctx);
       out->assign(sh.n_ctx * vd, 0.0f);
       lse->assign(sh.n_ctx, 0.0f);
       AttendArgs a{q.data(), sh.hd, sh.n_ctx, pos.data(),    kt.data(),   ldkt,
@@ -500,13 +501,19 @@ TEST(Attention, EveryIsaGivesTheReferenceBitsForEveryShape) {
     };
     std::vector<float> want, want_lse;
     run(Isa::kScalar, &want, &want_lse);
+    // The scratch keeps the last row's probabilities: compared too, since a
+    // tiny probability where the reference has 0 moves no output bit.
+    const std::vector<float> want_p = scores;
+    for (float p : want_p) underflows += p == 0.0f;
     for (Isa isa : SupportedIsas()) {
       std::vector<float> got, got_lse;
       run(isa, &got, &got_lse);
       EXPECT_TRUE(SameBits(got, want)) << IsaName(isa) << " hd=" << sh.hd;
       EXPECT_TRUE(SameBits(got_lse, want_lse)) << IsaName(isa) << " hd=" << sh.hd;
+      EXPECT_TRUE(SameBits(scores, want_p)) << IsaName(isa) << " hd=" << sh.hd;
     }
   }
+  EXPECT_GT(underflows, 0);
 }
 
 // The DSA indexer's scores: the same bits on every instruction set and for
