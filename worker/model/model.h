@@ -250,14 +250,11 @@ struct Matrix {
   // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
   // the same memory (block scales still index the whole stored tensor).
   Matrix Rows(int64_t r0, int64_t n) const {
+    // Rows in order are tiles of one row: then this is Row(r0) at phase 0.
     Matrix v = *this;
-    if (row_tile == 1) {
-      v.data = Row(r0);
-    } else {
-      const int64_t q = row_phase + r0;
-      v.data = static_cast<const uint8_t*>(data) + (q / row_tile) * row_tile * row_stride_bytes;
-      v.row_phase = q % row_tile;
-    }
+    const int64_t q = row_phase + r0;
+    v.data = static_cast<const uint8_t*>(data) + (q / row_tile) * row_tile * row_stride_bytes;
+    v.row_phase = q % row_tile;
     v.rows = n;
     v.row_offset = row_offset + r0;
     return v;
