@@ -140,6 +140,16 @@ RoundCostModel MeasuredCosts(Cost cost, int64_t sizes) {
   return m;
 }
 
+// Round costs of a CPU worker: 1000 us for one token, `cheap` more per token
+// up to `knee` tokens (the weights are read once), `dear` more per token
+// past it.
+auto KneeCost(int64_t knee, double cheap, double dear) {
+  return [=](int64_t tokens) {
+    const double t = static_cast<double>(tokens), k = static_cast<double>(knee);
+    return tokens <= knee ? 1000.0 + cheap * (t - 1) : 1000.0 + cheap * (k - 1) + dear * (t - k);
+  };
+}
+
 // Runs `rows` decode rows of one lane; returns the drafts per row.
 std::vector<int> RunRows(Speculator& spec, ScriptedLane& l, const DraftContext& ctx, int rows) {
   std::vector<int> depths;
@@ -194,11 +204,7 @@ TEST(SpeculatorTest, DraftsDeepAloneAndShallowerUnderLoad) {
 // positions), where a linear fit of the same rounds would draft 8; with a
 // linear table it drafts 8.
 TEST(SpeculatorTest, DepthFollowsTheMeasuredCostOfEachRoundSize) {
-  auto convex = [](int64_t tokens) {
-    return tokens <= 5 ? 1000.0 + 180.0 * static_cast<double>(tokens - 1)
-                       : 1720.0 + 450.0 * static_cast<double>(tokens - 5);
-  };
-  const RoundCostModel measured = MeasuredCosts(convex, 12);
+  const RoundCostModel measured = MeasuredCosts(KneeCost(5, 180, 450), 12);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &measured};
   auto spec = Make({"ngram"});
   ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
@@ -218,11 +224,7 @@ TEST(SpeculatorTest, DepthFollowsTheMeasuredCostOfEachRoundSize) {
 // 25x a 5-token round for 8x its tokens. Counting the drafts planned before
 // it, only the first lane drafts.
 TEST(SpeculatorTest, LaterLanesOfARoundCountTheDraftsBeforeThem) {
-  auto knee = [](int64_t tokens) {
-    return tokens <= 12 ? 1000.0 + 50.0 * static_cast<double>(tokens - 1)
-                        : 1550.0 + 1000.0 * static_cast<double>(tokens - 12);
-  };
-  const RoundCostModel measured = MeasuredCosts(knee, 48);
+  const RoundCostModel measured = MeasuredCosts(KneeCost(12, 50, 1000), 48);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 5, .row_in_flight = false, .cost = &measured};
   auto made = Make({"ngram"});
   ASSERT_NE(made, nullptr);
