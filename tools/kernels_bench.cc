@@ -70,8 +70,9 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 
 // `rows` 5632 (11.5 MB of FP8) streams from memory or L3; 256 (0.5 MB) stays
 // in L2, which shows the kernel's own cost per weight. `tiled`: through
-// MatMul, the engine's own split (tiles of 64 input by 64 output rows for
-// prefill), on the calling thread, instead of one MatMulRange. `layout`:
+// MatMul, the engine's own split (prefill: tasks of 128 output rows, each
+// block's weights converted once and met by 64-row tiles of x), on the
+// calling thread, instead of one MatMulRange. `layout`:
 // FP8 rows in order, in the interleaved groups the worker stores them in
 // (Matrix::interleaved), or those in tiles of 4 rows (Matrix::row_tile, the
 // worker's layout).

@@ -110,26 +110,46 @@ void ScalarKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
   }
 }
 
-// The kernel of `isa` for rows [n0, n1), x already x'.
+// The in-register kernel of `isa` for rows [n0, n1), x already x'.
 void RangeKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1, Isa isa, bool panel) {
+                 int64_t n0, int64_t n1, Isa isa) {
   // The vector kernels step 16 columns at a time from the view's first column;
   // a view starting mid-step (never made by our sharding) takes the scalar path,
   // which computes the same sums.
   const bool aligned = w.col_offset % 16 == 0;
 #if defined(RINGLANE_HAVE_AVX512_KERNELS)
   if (isa == Isa::kAvx512 && aligned) {
-    internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1, panel);
+    internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1);
     return;
   }
 #endif
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
-    internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1, panel);
+    internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1);
     return;
   }
 #endif
   ScalarKernel(w, x, ldx, M, y, ldy, n0, n1);
+}
+
+// The panel kernels of `isa`, from x itself (they make x' inside); false
+// where `isa` has none (scalar, or a view starting mid-step).
+bool PanelKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                 int64_t n0, int64_t n1, Isa isa) {
+  [[maybe_unused]] const bool aligned = w.col_offset % 16 == 0;
+#if defined(RINGLANE_HAVE_AVX512_KERNELS)
+  if (isa == Isa::kAvx512 && aligned) {
+    internal::PanelRangeAvx512(w, x, ldx, M, y, ldy, n0, n1);
+    return true;
+  }
+#endif
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
+    internal::PanelRangeAvx2(w, x, ldx, M, y, ldy, n0, n1);
+    return true;
+  }
+#endif
+  return false;
 }
 
 // x' for FP8 row r's 128-row block: x times (scale * kFp8Rebias) per
@@ -152,8 +172,9 @@ void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, i
 
 void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1, Isa isa, bool panel) {
+  if (panel && PanelKernel(w, x, ldx, M, y, ldy, n0, n1, isa)) return;
   if (w.dtype != DType::kFP8E4M3) {
-    RangeKernel(w, x, ldx, M, y, ldy, n0, n1, isa, panel);
+    RangeKernel(w, x, ldx, M, y, ldy, n0, n1, isa);
     return;
   }
   const int64_t ldxs = SpreadStride(w.cols);
@@ -163,7 +184,7 @@ void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
   for (int64_t a = n0; a < n1;) {
     const int64_t b = internal::Fp8BlockEnd(w.row_offset, a, n1);
     ScaleActivations(w, a, x, ldx, M, xs.data(), ldxs);
-    RangeKernel(w, xs.data(), ldxs, M, y, ldy, a, b, isa, panel);
+    RangeKernel(w, xs.data(), ldxs, M, y, ldy, a, b, isa);
     a = b;
   }
 }
@@ -189,17 +210,24 @@ void MatMulShared(std::initializer_list<MatMulOutput> outputs, const float* x, i
                   ThreadPool* pool, Isa isa) {
   if (M <= 0) return;
   // Tasks are tiles of (output rows, input rows); the tiling never changes a
-  // sum. Decode (few input rows): 128 output rows per task, long enough for
-  // the prefetcher and few enough tasks to synchronize cheaply. Prefill: 128
-  // output rows (one FP8 scale block) x 64 input rows, so a tile's 64 rows of
-  // x stay in L2 while eight 16-row weight panels pass over them (each panel
-  // is converted once per 64 rows of x). FP8 scales x once per task and scale
-  // block, M x K values written and read back: with 64-row tiles that was
-  // done twice per block and measured 9-12% of a 512-token prefill; 128 rows
-  // measured 1.12x, 128 input rows instead of 64 slower (x and x' outgrow L2).
+  // sum. Decode (few input rows): long runs of output rows per task, few
+  // enough tasks to synchronize cheaply. Prefill: 128 output rows (one FP8
+  // scale block) x as many input rows as leave every thread kTasksPerThread
+  // tasks: the panel kernel converts a task's weights once for all its input
+  // rows and meets them with 64-row tiles of x. With one 64-row tile per task
+  // a 512-token prefill converted each weight 8 times, 12% of its time.
   const bool panel = M > kPanelMinRows;
   const int threads = pool == nullptr ? 1 : pool->num_threads();
-  const int m_block = panel ? 64 : M;
+  constexpr int kTasksPerThread = 4;
+  int m_block = M;
+  if (panel) {
+    int64_t n_blocks = 0;
+    for (const MatMulOutput& o : outputs) n_blocks += (o.w->rows + 127) / 128;
+    const int64_t tiles = (M + 63) / 64;
+    const int64_t chunks = std::clamp<int64_t>(
+        (kTasksPerThread * threads + n_blocks - 1) / std::max<int64_t>(1, n_blocks), 1, tiles);
+    m_block = static_cast<int>((tiles + chunks - 1) / chunks * 64);
+  }
   struct Task {
     const MatMulOutput* out;
     int64_t n0, n1;

@@ -24,6 +24,8 @@
 #ifndef RINGLANE_WORKER_BACKEND_CPU_KERNELS_SIMD_H_
 #define RINGLANE_WORKER_BACKEND_CPU_KERNELS_SIMD_H_
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -146,15 +148,18 @@ void TileFromPanel(const float* panel, int64_t ldp, int64_t k0, int64_t k1, cons
 // Row r converted as LoadW yields it; with `scaled`, FP8 times its block
 // scale as well (one rounding of (value / kFp8Rebias) * (scale * kFp8Rebias), which
 // is value * scale rounded once: DequantRow's contract).
+// `k_begin` (a multiple of 64, or the end of the whole groups): columns
+// before it are already converted.
 template <class V, DType D, bool scaled>
-void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
+void DequantRowTyped(const Matrix& w, int64_t r, float* out, int64_t k_begin = 0) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
   const uint8_t* row = w.Row(r);
-  int64_t k = 0;
+  int64_t k = k_begin;
   if constexpr (D == DType::kFP8E4M3) {
     if (w.interleaved) {
-      for (int64_t K64 = K & ~int64_t{63}, at = 0; k < K64; k += 64, at += 64 * w.row_tile) {
+      for (int64_t K64 = K & ~int64_t{63}, at = k / 64 * 64 * w.row_tile; k < K64;
+           k += 64, at += 64 * w.row_tile) {
         typename V::Vec wv[4];
         V::LoadW64(row + at, wv);
         for (int s = 0; s < 4; ++s) {
@@ -181,6 +186,32 @@ void DequantRowTyped(const Matrix& w, int64_t r, float* out) {
     for (; k < K16; k += 16) V::Store(V::template LoadW<D>(row, k), out + k);
     for (int64_t t = K16; t < K; ++t) out[t] = KernelWeight(w, row, t);
   }
+}
+
+// Rows [r0, r0 + n) converted as LoadW yields them, into out (ld ldo): for
+// interleaved FP8, group g of n rows before group g + 1, which walks a tile
+// of rows (Matrix::row_tile) in memory order; one row at a time strode
+// 64 * row_tile bytes per group and stalled on memory (a third of the
+// conversion's time in a prefill profile).
+template <class V, DType D>
+void DequantRows(const Matrix& w, int64_t r0, int64_t n, float* out, int64_t ldo) {
+  int64_t k_done = 0;
+  if constexpr (D == DType::kFP8E4M3) {
+    if (w.interleaved && n <= 8) {
+      const int64_t K64 = w.cols & ~int64_t{63};
+      const uint8_t* rows[8];
+      for (int64_t j = 0; j < n; ++j) rows[j] = w.Row(r0 + j);
+      for (int64_t k = 0, at = 0; k < K64; k += 64, at += 64 * w.row_tile) {
+        for (int64_t j = 0; j < n; ++j) {
+          typename V::Vec wv[4];
+          V::LoadW64(rows[j] + at, wv);
+          for (int s = 0; s < 4; ++s) V::Store(wv[s], out + j * ldo + k + 16 * s);
+        }
+      }
+      k_done = K64;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) DequantRowTyped<V, D, false>(w, r0 + j, out + j * ldo, k_done);
 }
 
 template <class V, DType D, int MR>
@@ -259,60 +290,170 @@ void PanelAllRows(const float* panel, int64_t ldp, int64_t rows, int64_t k0, int
   }
 }
 
-template <class V, DType D>
-void ThroughPanel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                  int64_t n0, int64_t n1) {
-  const int64_t K = w.cols;
-  const int64_t K16 = K & ~int64_t{15};
-  const int64_t ldp = SpreadStride(K);
-  thread_local AlignedFloats panel, accs;
-  if (panel.size() < static_cast<size_t>(kPanelRows * ldp)) panel.resize(kPanelRows * ldp);
-  if (accs.size() < static_cast<size_t>(M * kPanelRows * 16)) accs.resize(M * kPanelRows * 16);
-  for (int64_t nb = n0; nb < n1; nb += kPanelRows) {
-    const int64_t rows = std::min(kPanelRows, n1 - nb);
+// The sums of 16 outputs at once from their lanes (output j's 16 lanes at
+// a + 16 * j), each in Hsum16's tree: lane l plus lane l + 8, then adjacent
+// pairs, pairs of pairs, and the two halves. Transposed so one addition
+// serves eight outputs; a scalar Finish per output was 8% of a 512-token
+// prefill. Both includers compile with AVX2, so this is written once.
+inline void HsumRows16(const float* a, float* out) {
+  for (int g = 0; g < 2; ++g) {
+    const float* ag = a + 128 * g;
+    __m256 h[8];
+    for (int j = 0; j < 8; ++j) {
+      h[j] = _mm256_add_ps(_mm256_loadu_ps(ag + 16 * j), _mm256_loadu_ps(ag + 16 * j + 8));
+    }
+    // hadd(p, q) = (p0+p1, p2+p3, q0+q1, q2+q3 | p4+p5, p6+p7, q4+q5, q6+q7).
+    const __m256 p01 = _mm256_hadd_ps(h[0], h[1]);
+    const __m256 p23 = _mm256_hadd_ps(h[2], h[3]);
+    const __m256 p45 = _mm256_hadd_ps(h[4], h[5]);
+    const __m256 p67 = _mm256_hadd_ps(h[6], h[7]);
+    // Output j's ((h0+h1)+(h2+h3)) in lane j % 4, its ((h4+h5)+(h6+h7)) in
+    // lane 4 + j % 4.
+    const __m256 q0123 = _mm256_hadd_ps(p01, p23);
+    const __m256 q4567 = _mm256_hadd_ps(p45, p67);
+    const __m256 lo = _mm256_permute2f128_ps(q0123, q4567, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(q0123, q4567, 0x31);
+    _mm256_storeu_ps(out + 8 * g, _mm256_add_ps(lo, hi));
+  }
+}
+
+// Rows [0, M) of y for the `rows` (at most kPanelRows) weight rows of one
+// panel: the tail columns into each output's lanes, then the sums.
+inline void FinishPanel(float* accs, const float* panel, int64_t ldp, int64_t rows, const float* x,
+                        int64_t ldx, int M, float* y, int64_t ldy, int64_t K16, int64_t K) {
+  for (int m = 0; m < M; ++m) {
+    float* a = accs + m * kPanelRows * 16;
+    const float* xm = x + m * ldx;
     for (int64_t j = 0; j < rows; ++j) {
-      DequantRowTyped<V, D, false>(w, nb + j, panel.data() + j * ldp);
-    }
-    if (K16 == 0) std::fill(accs.begin(), accs.begin() + M * kPanelRows * 16, 0.0f);
-    // Column passes of kPanelCols: within one, the panel slice (16 rows) and
-    // an MR-row x tile stay in L2 while the tile meets every panel row.
-    for (int64_t k0 = 0; k0 < K16; k0 += kPanelCols) {
-      const int64_t k1 = std::min(K16, k0 + kPanelCols);
-      PanelAllRows<V, V::kPanelMR>(panel.data(), ldp, rows, k0, k1, x, ldx, 0, M, accs.data(),
-                                   k0 == 0);
-    }
-    for (int m = 0; m < M; ++m) {
-      for (int64_t j = 0; j < rows; ++j) {
-        float* a = accs.data() + (m * kPanelRows + j) * 16;
-        y[m * ldy + nb + j] =
-            Finish(a, panel.data() + j * ldp, nullptr, nullptr, x + m * ldx, K16, K);
+      for (int64_t t = K16; t < K; ++t) {
+        a[j * 16 + t - K16] = std::fma(panel[j * ldp + t], xm[t], a[j * 16 + t - K16]);
       }
+    }
+    if (rows == kPanelRows) {
+      HsumRows16(a, y + m * ldy);
+    } else {
+      alignas(64) float s[kPanelRows];
+      HsumRows16(a, s);
+      std::copy(s, s + rows, y + m * ldy);
     }
   }
 }
 
+// x' of an M-row tile for FP8 row r's 128-row block: x times (scale *
+// kFp8Rebias) per 128-column block, one rounding per value as in
+// ScaleActivations (kernels.cc). Column blocks start at multiples of 16
+// (col_offset % 16 == 0). Row by row, so x and x' are read and written in
+// one stream each: block by block over the rows jumped a row every 512
+// bytes, and this loop was half the panel path's own time in a profile.
+template <class V>
+void ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
+               int64_t ldxs) {
+  const int64_t K = w.cols;
+  const int64_t K16 = K & ~int64_t{15};
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x + m * ldx;
+    float* o = xs + m * ldxs;
+    for (int64_t k0 = 0; k0 < K;) {
+      const int64_t k1 = Fp8BlockEnd(w.col_offset, k0, K);
+      const float s = w.ScaleAt(r, k0) * kFp8Rebias;
+      const typename V::Scale vs = V::SetScale(s);
+      const int64_t v1 = std::min(k1, K16);
+      int64_t k = k0;
+      for (; k < v1; k += 16) V::Store(V::Mul(V::LoadF(xm + k), vs), o + k);
+      for (; k < k1; ++k) o[k] = xm[k] * s;
+      k0 = k1;
+    }
+  }
+}
+
+// Input rows per tile of the panel path: x and x' of a tile (64 x K floats
+// each) share L2 with the panel slices passing over them.
+inline constexpr int kPanelTileRows = 64;
+
+// Rows [n0, n1) through the panel. Each weight block (an FP8 scale block of
+// at most 128 rows, or 128 rows) is converted once for all M rows of x, then
+// met by 64-row tiles of x (x' for FP8), 16 converted rows at a time. Before,
+// a task held one 64-row tile, so a 512-token prefill converted every weight
+// 8 times (12% of its time).
 template <class V, DType D>
-void Dispatch(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-              int64_t n0, int64_t n1, bool use_panel) {
-  if (use_panel) {
-    ThroughPanel<V, D>(w, x, ldx, M, y, ldy, n0, n1);
-  } else {
-    InRegisters<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+void PanelRangeTyped(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1) {
+  constexpr int64_t kBlockRows = 128;
+  const int64_t K = w.cols;
+  const int64_t K16 = K & ~int64_t{15};
+  const int64_t ldp = SpreadStride(K);
+  thread_local AlignedFloats block, xs, accs;
+  if (block.size() < static_cast<size_t>(kBlockRows * ldp)) block.resize(kBlockRows * ldp);
+  if (accs.size() < static_cast<size_t>(kPanelTileRows * kPanelRows * 16)) {
+    accs.resize(kPanelTileRows * kPanelRows * 16);
+  }
+  if constexpr (D == DType::kFP8E4M3) {
+    if (xs.size() < static_cast<size_t>(kPanelTileRows * ldp)) xs.resize(kPanelTileRows * ldp);
+  }
+  for (int64_t a = n0; a < n1;) {
+    const int64_t b =
+        D == DType::kFP8E4M3 ? Fp8BlockEnd(w.row_offset, a, n1) : std::min(n1, a + kBlockRows);
+    // In runs that end on the stored tiles' edges (Matrix::row_tile).
+    for (int64_t r = a; r < b;) {
+      const int64_t q = r + w.row_phase;
+      const int64_t e = std::min(b, (q / w.row_tile + 1) * w.row_tile - w.row_phase);
+      DequantRows<V, D>(w, r, e - r, block.data() + (r - a) * ldp, ldp);
+      r = e;
+    }
+    for (int m0 = 0; m0 < M; m0 += kPanelTileRows) {
+      const int mt = std::min<int>(kPanelTileRows, M - m0);
+      const float* xt = x + m0 * ldx;
+      int64_t ldt = ldx;
+      if constexpr (D == DType::kFP8E4M3) {
+        ScaleTile<V>(w, a, xt, ldx, mt, xs.data(), ldp);
+        xt = xs.data();
+        ldt = ldp;
+      }
+      for (int64_t nb = a; nb < b; nb += kPanelRows) {
+        const int64_t rows = std::min(kPanelRows, b - nb);
+        const float* panel = block.data() + (nb - a) * ldp;
+        if (K16 == 0) std::fill(accs.begin(), accs.begin() + mt * kPanelRows * 16, 0.0f);
+        // Column passes of kPanelCols: within one, the panel slice (16 rows)
+        // and an MR-row x tile stay in L2 while the tile meets every panel row.
+        for (int64_t k0 = 0; k0 < K16; k0 += kPanelCols) {
+          const int64_t k1 = std::min(K16, k0 + kPanelCols);
+          PanelAllRows<V, V::kPanelMR>(panel, ldp, rows, k0, k1, xt, ldt, 0, mt, accs.data(),
+                                       k0 == 0);
+        }
+        FinishPanel(accs.data(), panel, ldp, rows, xt, ldt, mt, y + m0 * ldy + nb, ldy, K16, K);
+      }
+    }
+    a = b;
+  }
+}
+
+template <class V>
+void PanelRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                int64_t n0, int64_t n1) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return PanelRangeTyped<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1);
+    case DType::kBF16:
+      return PanelRangeTyped<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1);
+    case DType::kF16:
+      return PanelRangeTyped<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1);
+    case DType::kFP8E4M3:
+      return PanelRangeTyped<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1);
   }
 }
 
 template <class V>
 void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1, bool use_panel) {
+                 int64_t n0, int64_t n1) {
   switch (w.dtype) {
     case DType::kF32:
-      return Dispatch<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+      return InRegisters<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1);
     case DType::kBF16:
-      return Dispatch<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+      return InRegisters<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1);
     case DType::kF16:
-      return Dispatch<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+      return InRegisters<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1);
     case DType::kFP8E4M3:
-      return Dispatch<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1, use_panel);
+      return InRegisters<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1);
   }
 }
 

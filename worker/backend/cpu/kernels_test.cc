@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -134,6 +135,39 @@ TEST_P(MatMulTest, AllPathsAndRowCountsAgreeBitForBit) {
         }
       }
     }
+  }
+}
+
+// The panel path converts a task's weight blocks once and meets them with
+// 64-row tiles of x: rows past one tile, ranges over several 128-row blocks
+// (one starting mid-block, one ending on a partial 16-row panel), and a
+// threaded prefill whose tasks hold several tiles all give each row's solo
+// bits.
+TEST_P(MatMulTest, PanelPathOverTilesAndBlocksAgreesWithSoloRows) {
+  const DType dt = GetParam();
+  const int64_t N = 300, K = 300;
+  const int M = 150;
+  TestMatrix w = MakeMatrix(dt, N, K, 17);
+  std::vector<float> x = RandomX(M, K, 19);
+  std::vector<float> solo(M * N);
+  for (int m = 0; m < M; ++m) {
+    internal::MatMulRangeScalar(w.m, x.data() + m * K, K, 1, solo.data() + m * N, N, 0, N);
+  }
+  for (Isa isa : SupportedIsas()) {
+    for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {100, 290}, {128, 256}}) {
+      std::vector<float> y(M * N, -1.0f);
+      MatMulRange(w.m, x.data(), K, M, y.data(), N, n0, n1, isa, 2);
+      for (int m = 0; m < M; ++m) {
+        for (int64_t n = n0; n < n1; ++n) {
+          ASSERT_EQ(std::memcmp(&y[m * N + n], &solo[m * N + n], 4), 0)
+              << IsaName(isa) << " rows [" << n0 << ", " << n1 << ") m=" << m << " n=" << n;
+        }
+      }
+    }
+    ThreadPool pool(2);
+    std::vector<float> y(M * N);
+    MatMul(w.m, x.data(), K, M, y.data(), N, &pool, isa);
+    EXPECT_TRUE(SameBits(y, solo)) << IsaName(isa);
   }
 }
 
