@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "worker/aligned.h"
@@ -427,48 +428,39 @@ void PanelRangeTyped(const Matrix& w, const float* x, int64_t ldx, int M, float*
   }
 }
 
+// f(std::integral_constant<DType, D>) for w's dtype D: one switch for every
+// entry point below.
+template <class F>
+void ByDType(DType d, F&& f) {
+  switch (d) {
+    case DType::kF32:
+      return f(std::integral_constant<DType, DType::kF32>{});
+    case DType::kBF16:
+      return f(std::integral_constant<DType, DType::kBF16>{});
+    case DType::kF16:
+      return f(std::integral_constant<DType, DType::kF16>{});
+    case DType::kFP8E4M3:
+      return f(std::integral_constant<DType, DType::kFP8E4M3>{});
+  }
+}
+
 template <class V>
 void PanelRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                 int64_t n0, int64_t n1) {
-  switch (w.dtype) {
-    case DType::kF32:
-      return PanelRangeTyped<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kBF16:
-      return PanelRangeTyped<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kF16:
-      return PanelRangeTyped<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kFP8E4M3:
-      return PanelRangeTyped<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1);
-  }
+  ByDType(w.dtype,
+          [&](auto d) { PanelRangeTyped<V, decltype(d)::value>(w, x, ldx, M, y, ldy, n0, n1); });
 }
 
 template <class V>
 void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1) {
-  switch (w.dtype) {
-    case DType::kF32:
-      return InRegisters<V, DType::kF32>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kBF16:
-      return InRegisters<V, DType::kBF16>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kF16:
-      return InRegisters<V, DType::kF16>(w, x, ldx, M, y, ldy, n0, n1);
-    case DType::kFP8E4M3:
-      return InRegisters<V, DType::kFP8E4M3>(w, x, ldx, M, y, ldy, n0, n1);
-  }
+  ByDType(w.dtype,
+          [&](auto d) { InRegisters<V, decltype(d)::value>(w, x, ldx, M, y, ldy, n0, n1); });
 }
 
 template <class V>
 void DequantRow(const Matrix& w, int64_t r, float* out) {
-  switch (w.dtype) {
-    case DType::kF32:
-      return DequantRowTyped<V, DType::kF32, true>(w, r, out);
-    case DType::kBF16:
-      return DequantRowTyped<V, DType::kBF16, true>(w, r, out);
-    case DType::kF16:
-      return DequantRowTyped<V, DType::kF16, true>(w, r, out);
-    case DType::kFP8E4M3:
-      return DequantRowTyped<V, DType::kFP8E4M3, true>(w, r, out);
-  }
+  ByDType(w.dtype, [&](auto d) { DequantRowTyped<V, decltype(d)::value, true>(w, r, out); });
 }
 
 }  // namespace
