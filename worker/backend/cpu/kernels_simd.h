@@ -40,15 +40,15 @@
 namespace ringlane::worker::cpu::internal::simd {
 namespace {
 
-// The tail columns and the final sum of one output, from its 16 lanes.
-inline float Finish(float* a, const float* wrow_or_null, const Matrix* w, const uint8_t* row,
-                    const float* xm, int64_t K16, int64_t K) {
+// The tail columns and the final sum of one output of the in-register
+// kernels, from its 16 lanes.
+inline float Finish(float* a, const Matrix& w, const uint8_t* row, const float* xm, int64_t K16,
+                    int64_t K) {
   for (int64_t t = K16; t < K; ++t) {
-    const float wv = wrow_or_null != nullptr ? wrow_or_null[t] : KernelWeight(*w, row, t);
-    a[t - K16] = std::fma(wv, xm[t], a[t - K16]);
+    a[t - K16] = std::fma(KernelWeight(w, row, t), xm[t], a[t - K16]);
   }
-  // Hsum16 of kernels.h, the same additions in the same tree, inlined here:
-  // prefill finishes hundreds of millions of outputs.
+  // Hsum16 of kernels.h, the same additions in the same tree, inlined here
+  // (the panel path's HsumRows16 takes 16 outputs at once).
   float h[8];
   for (int l = 0; l < 8; ++l) h[l] = a[l] + a[l + 8];
   return ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));
@@ -115,7 +115,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
     for (int m = 0; m < MR; ++m) {
       alignas(64) float a[16];
       V::Store(acc[m][j], a);
-      y[m * ldy + n + j] = Finish(a, nullptr, &w, rows[j], x + m * ldx, K16, K);
+      y[m * ldy + n + j] = Finish(a, w, rows[j], x + m * ldx, K16, K);
     }
   }
 }
