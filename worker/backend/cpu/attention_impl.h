@@ -50,13 +50,11 @@ inline float SoftmaxExp(float x) {
 
 // The max and the sum over a row's positions are taken in kSoftmaxLanes
 // interleaved lanes (position j in lane j % kSoftmaxLanes), then the lanes
-// pairwise: a fixed order whatever the rows beside it, and one a vector
-// unit runs without a chain of dependent adds per position.
+// pairwise (the sum in Hsum8's tree): a fixed order whatever the rows
+// beside it, and one a vector unit runs without a chain of dependent adds
+// per position.
 inline constexpr int kSoftmaxLanes = 8;
-
-inline float LaneTreeSum(const float* l) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+static_assert(kSoftmaxLanes == 8, "Hsum8 sums the lanes");
 
 inline float LaneTreeMax(const float* l) {
   float m = l[0];
@@ -106,7 +104,7 @@ inline void AttendHeadImpl(const AttendArgs& a) {
       for (int l = 0; l < L; ++l) lane[l] += s[j + l];
     }
     for (int64_t j = n_full; j < n; ++j) lane[j - n_full] += s[j];
-    const float sum = LaneTreeSum(lane);
+    const float sum = Hsum8(lane);
     for (int64_t j = 0; j < n; ++j) s[j] /= sum;
     if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
     float* o = a.out + r * a.ldo;

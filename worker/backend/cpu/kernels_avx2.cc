@@ -193,7 +193,7 @@ void AttendHeadAvx2(const AttendArgs& a) {
     }
     _mm256_store_ps(lane, sum8);
     for (; j < n; ++j) lane[j - n_full] += (s[j] = SoftmaxExp(s[j] - mx));
-    const float sum = LaneTreeSum(lane);
+    const float sum = Hsum8(lane);
     const __m256 sumv = _mm256_set1_ps(sum);
     for (j = 0; j < n_full; j += 8)
       _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sumv));
