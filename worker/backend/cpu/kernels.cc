@@ -110,42 +110,22 @@ void ScalarKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
   }
 }
 
-// The in-register kernel of `isa` for rows [n0, n1), x already x'.
-void RangeKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1, Isa isa) {
-  // The vector kernels step 16 columns at a time from the view's first column;
-  // a view starting mid-step (never made by our sharding) takes the scalar path,
-  // which computes the same sums.
-  const bool aligned = w.col_offset % 16 == 0;
-#if defined(RINGLANE_HAVE_AVX512_KERNELS)
-  if (isa == Isa::kAvx512 && aligned) {
-    internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1);
-    return;
-  }
-#endif
-#if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
-    internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1);
-    return;
-  }
-#endif
-  ScalarKernel(w, x, ldx, M, y, ldy, n0, n1);
-}
-
-// The panel kernels of `isa`, from x itself (they make x' inside); false
-// where `isa` has none (scalar, or a view starting mid-step).
-bool PanelKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1, Isa isa) {
+// The vector kernels of `isa` for rows [n0, n1), from x itself; false where
+// `isa` has none. They step 16 columns at a time from the view's first
+// column; a view starting mid-step (never made by our sharding) takes the
+// scalar path, which computes the same sums.
+bool VectorKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                  int64_t n0, int64_t n1, Isa isa, bool panel) {
   [[maybe_unused]] const bool aligned = w.col_offset % 16 == 0;
 #if defined(RINGLANE_HAVE_AVX512_KERNELS)
   if (isa == Isa::kAvx512 && aligned) {
-    internal::PanelRangeAvx512(w, x, ldx, M, y, ldy, n0, n1);
+    internal::MatMulRangeAvx512(w, x, ldx, M, y, ldy, n0, n1, panel);
     return true;
   }
 #endif
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && aligned) {
-    internal::PanelRangeAvx2(w, x, ldx, M, y, ldy, n0, n1);
+    internal::MatMulRangeAvx2(w, x, ldx, M, y, ldy, n0, n1, panel);
     return true;
   }
 #endif
@@ -153,8 +133,8 @@ bool PanelKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
 }
 
 // x' for FP8 row r's 128-row block: x times (scale * kFp8Rebias) per
-// 128-column block, columns [0, K) of each of M rows, into xs (ld K rounded
-// up to 16 floats).
+// 128-column block, columns [0, K) of each of M rows, into xs (ld ldxs);
+// the scalar path's, ScaleTile (kernels_simd.h) the vector kernels'.
 void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
                       int64_t ldxs) {
   const int64_t K = w.cols;
@@ -172,9 +152,9 @@ void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, i
 
 void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1, Isa isa, bool panel) {
-  if (panel && PanelKernel(w, x, ldx, M, y, ldy, n0, n1, isa)) return;
+  if (VectorKernel(w, x, ldx, M, y, ldy, n0, n1, isa, panel)) return;
   if (w.dtype != DType::kFP8E4M3) {
-    RangeKernel(w, x, ldx, M, y, ldy, n0, n1, isa);
+    ScalarKernel(w, x, ldx, M, y, ldy, n0, n1);
     return;
   }
   const int64_t ldxs = SpreadStride(w.cols);
@@ -184,7 +164,7 @@ void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
   for (int64_t a = n0; a < n1;) {
     const int64_t b = internal::Fp8BlockEnd(w.row_offset, a, n1);
     ScaleActivations(w, a, x, ldx, M, xs.data(), ldxs);
-    RangeKernel(w, xs.data(), ldxs, M, y, ldy, a, b, isa);
+    ScalarKernel(w, xs.data(), ldxs, M, y, ldy, a, b);
     a = b;
   }
 }

@@ -149,16 +149,13 @@ float ScaledWeight(const Matrix& w, const uint8_t* row, int64_t r, int64_t c);
 // The reference path (tests): MatMulRange on the scalar kernels.
 void MatMulRangeScalar(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1);
-// The per-instruction-set in-register kernels read FP8 weights unscaled: for
-// FP8, x must already be x' of rows [n0, n1), which lie in one 128-row block.
-void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                     int64_t n0, int64_t n1);
-// The panel path (prefill) for rows [n0, n1) of any blocks, from x itself:
-// each block's weights are converted once for all M rows of x, and x' is
-// made per block and 64-row tile inside. Same sums as MatMulRange. Needs
+// The per-instruction-set kernels for rows [n0, n1), from x itself (for
+// FP8 they make x' per 128-row scale block inside): in registers, or with
+// `panel` (prefill) each block's weights converted once for all M rows of x
+// and met by 64-row tiles of it. The same sums either way. Need
 // w.col_offset % 16 == 0.
-void PanelRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                    int64_t n0, int64_t n1);
+void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                     int64_t n0, int64_t n1, bool panel);
 void DequantRowAvx2(const Matrix& w, int64_t r, float* out);
 float Hsum8(const float* a);
 // The final sum of the 16 lanes of the matmul order above. Out of line, like
@@ -167,9 +164,7 @@ float Hsum16(const float* a);
 void AttendHeadAvx2(const AttendArgs& args);
 void IndexerScoresAvx2(const IndexerScoreArgs& args);
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                       int64_t n0, int64_t n1);
-void PanelRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                      int64_t n0, int64_t n1);
+                       int64_t n0, int64_t n1, bool panel);
 void DequantRowAvx512(const Matrix& w, int64_t r, float* out);
 }  // namespace internal
 

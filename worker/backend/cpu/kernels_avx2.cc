@@ -83,13 +83,8 @@ struct Avx2 {
 }  // namespace
 
 void MatMulRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                     int64_t n0, int64_t n1) {
-  simd::MatMulRange<Avx2>(w, x, ldx, M, y, ldy, n0, n1);
-}
-
-void PanelRangeAvx2(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                    int64_t n0, int64_t n1) {
-  simd::PanelRange<Avx2>(w, x, ldx, M, y, ldy, n0, n1);
+                     int64_t n0, int64_t n1, bool panel) {
+  simd::MatMulRange<Avx2>(w, x, ldx, M, y, ldy, n0, n1, panel);
 }
 
 void DequantRowAvx2(const Matrix& w, int64_t r, float* out) { simd::DequantRow<Avx2>(w, r, out); }

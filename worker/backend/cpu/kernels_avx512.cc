@@ -70,13 +70,8 @@ struct Avx512 {
 }  // namespace
 
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                       int64_t n0, int64_t n1) {
-  simd::MatMulRange<Avx512>(w, x, ldx, M, y, ldy, n0, n1);
-}
-
-void PanelRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                      int64_t n0, int64_t n1) {
-  simd::PanelRange<Avx512>(w, x, ldx, M, y, ldy, n0, n1);
+                       int64_t n0, int64_t n1, bool panel) {
+  simd::MatMulRange<Avx512>(w, x, ldx, M, y, ldy, n0, n1, panel);
 }
 
 void DequantRowAvx512(const Matrix& w, int64_t r, float* out) {

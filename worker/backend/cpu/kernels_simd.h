@@ -444,18 +444,37 @@ void ByDType(DType d, F&& f) {
   }
 }
 
-template <class V>
-void PanelRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                int64_t n0, int64_t n1) {
-  ByDType(w.dtype,
-          [&](auto d) { PanelRangeTyped<V, decltype(d)::value>(w, x, ldx, M, y, ldy, n0, n1); });
+// Rows [n0, n1) in registers from x itself: for FP8, x' of each 128-row
+// scale block the range touches, then that block's rows.
+template <class V, DType D>
+void InRegistersFromX(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
+                      int64_t n0, int64_t n1) {
+  if constexpr (D != DType::kFP8E4M3) {
+    InRegisters<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+  } else {
+    const int64_t ldxs = SpreadStride(w.cols);
+    thread_local AlignedFloats xs;
+    if (xs.size() < static_cast<size_t>(M * ldxs)) xs.resize(M * ldxs);
+    for (int64_t a = n0; a < n1;) {
+      const int64_t b = Fp8BlockEnd(w.row_offset, a, n1);
+      ScaleTile<V>(w, a, x, ldx, M, xs.data(), ldxs);
+      InRegisters<V, D>(w, xs.data(), ldxs, M, y, ldy, a, b);
+      a = b;
+    }
+  }
 }
 
 template <class V>
 void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
-                 int64_t n0, int64_t n1) {
-  ByDType(w.dtype,
-          [&](auto d) { InRegisters<V, decltype(d)::value>(w, x, ldx, M, y, ldy, n0, n1); });
+                 int64_t n0, int64_t n1, bool panel) {
+  ByDType(w.dtype, [&](auto d) {
+    constexpr DType D = decltype(d)::value;
+    if (panel) {
+      PanelRangeTyped<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+    } else {
+      InRegistersFromX<V, D>(w, x, ldx, M, y, ldy, n0, n1);
+    }
+  });
 }
 
 template <class V>
