@@ -9,6 +9,7 @@
 // workers, group (re)formation and the drain: worker_group_test.cc.
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -285,6 +286,13 @@ TEST(WorkerDaemonTest, BadPlansAreRejectedByEveryRankAndTheStreamGoesOn) {
        [](v1::RoundPlan& p) { p.mutable_rows(0)->set_block_ids(0, 32); }, "32"},
       {"blocks do not cover the positions",
        [](v1::RoundPlan& p) { p.mutable_rows(0)->set_start_position(15); }, "block"},
+      // Found by round_plan_fuzz: start + tokens overflowed and the worker
+      // crashed.
+      {"start position past every position",
+       [](v1::RoundPlan& p) {
+         p.mutable_rows(0)->set_start_position(std::numeric_limits<int64_t>::max());
+       },
+       "past the KV pool"},
       {"sampling for a lane that has it",
        [](v1::RoundPlan& p) { p.mutable_rows(0)->set_lane_id(1); }, "has them"},
       {"sampling from an empty row", [](v1::RoundPlan& p) { p.mutable_rows(0)->clear_token_ids(); },

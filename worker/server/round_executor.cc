@@ -112,6 +112,15 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
       return bad("use_last_sampled before the lane sampled a token");
     }
     if (row.start_position() < 0) return bad("negative start_position");
+    // Every position sums from here on (start + tokens, + a checkpoint's
+    // offset): one past the pool would overflow them (round_plan_fuzz). A
+    // block covers block_tokens() positions (more under context parallel).
+    const int64_t pool_positions =
+        int64_t{backend_->kv_pool().num_blocks} * backend_->block_tokens();
+    if (row.start_position() > pool_positions) {
+      return bad(absl::StrCat("start_position ", row.start_position(), " past the KV pool's ",
+                              pool_positions, " positions"));
+    }
     if (row.linear_chunked_until() < 0) return bad("negative linear_chunked_until");
     if (backend_->kv_pool().state_slots > 0 && n > 0) {
       // A recurrent state only moves forward: a row must continue exactly

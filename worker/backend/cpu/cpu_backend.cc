@@ -295,6 +295,13 @@ absl::Status CpuBackend::Validate(const RoundInput& round) const {
                  " hidden-state values, got ", q.hidden_in.size());
     }
     if (q.start_position < 0) return bad("negative start position ", q.start_position);
+    // Before start + tokens is formed below: a start past every position
+    // of the pool would overflow it (found by round_plan_fuzz).
+    const int64_t pool_positions = int64_t{kv_spec_.num_blocks} * bs;
+    if (q.start_position > pool_positions) {
+      return bad("start position ", q.start_position, " past the KV pool's ", pool_positions,
+                 " positions");
+    }
     for (int32_t t : q.tokens) {
       if (t < 0 || t >= cfg_.vocab)
         return bad("token id ", t, " outside vocabulary [0, ", cfg_.vocab, ")");

@@ -1,4 +1,5 @@
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,9 @@ TEST(CpuBackend, BadRoundsAreRefusedWithoutSideEffects) {
   cases.push_back({"no tokens", one(Seq(0, {}, {0})), "no tokens"});
   cases.push_back({"negative start", one(Seq(-1, {1}, {0})), "negative start"});
   cases.push_back({"blocks too few", one(Seq(2, {1, 2, 3}, {0})), "need 2 blocks"});
+  // Found by round_plan_fuzz: start + tokens overflowed before the check.
+  cases.push_back({"start past the pool", one(Seq(std::numeric_limits<int64_t>::max(), {1}, {0})),
+                   "past the KV pool"});
   cases.push_back({"block out of pool", one(Seq(0, {1}, {9})), "outside pool"});
   SeqStep bad_offset = Seq(0, {1, 2}, {0});
   bad_offset.logit_offsets = {2};
