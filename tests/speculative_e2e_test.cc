@@ -297,6 +297,40 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
   }
 }
 
+// A prefix the draft model never saw. Each greedy golden prompt goes first
+// with speculation off for the request (its lane never feeds the draft
+// model), then again with it on, reusing the first pass's blocks. The target
+// as its own draft model proposes exactly the greedy continuation wherever
+// its entries of those blocks are the target's, so not one draft may be
+// rejected; before the resend's first row carried the prefix tokens, the
+// draft read the entries the blocks held before.
+TEST(SpeculativeE2ePrefixTest, AResendOfAPromptTheDraftModelNeverSawKeepsEveryGreedyDraft) {
+  const Model m = Stories();
+  testing::ClusterOptions co;
+  co.worker_flags = {"--draft_model=" + m.path};
+  co.router_flags = {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=4"};
+  auto c = testing::StartCluster(co);
+  ASSERT_NE(c, nullptr);
+  for (size_t i = 0; i < m.requests.size(); ++i) {
+    if (m.golden[i].empty()) continue;  // the sampled half: drafts may differ
+    v1::GenerateRequest off = m.requests[i];
+    off.set_speculative(false);
+    CallOut first = testing::Call(*c->stub, off);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    CallOut again = testing::Call(*c->stub, m.requests[i]);
+    ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+    ExpectSame(first.choices[0], again.choices[0], absl::StrCat("golden case ", i));
+  }
+  auto metrics = testing::GetOnce(c->http(), "/metrics");
+  ASSERT_TRUE(metrics.ok());
+  const double drafted = testing::Metric(metrics->body, "ringlane_spec_drafted_tokens_total");
+  const double rejected = testing::Metric(metrics->body, "ringlane_spec_rejected_tokens_total");
+  std::printf("resends with a self draft model: drafted %.0f, rejected %.0f\n", drafted, rejected);
+  EXPECT_GT(drafted, 0);
+  EXPECT_EQ(rejected, 0);
+  EXPECT_GT(testing::Metric(metrics->body, "ringlane_cached_prompt_tokens_total"), 0);
+}
+
 std::string ModelName(const ::testing::TestParamInfo<Model (*)()>& info) {
   static const char* const kNames[] = {"stories", "synthetic", "deepseek_dsa"};
   return kNames[info.index];

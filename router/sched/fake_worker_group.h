@@ -147,6 +147,11 @@ class FakeWorkerGroup final : public WorkerGroup {
     absl::MutexLock l(&mu_);
     return offloads_seen_;
   }
+  // First rows that carried prefix tokens (all checked against the pool).
+  int64_t prefix_rows() const {
+    absl::MutexLock l(&mu_);
+    return prefix_rows_;
+  }
   int64_t restored_blocks() const {
     absl::MutexLock l(&mu_);
     return restored_blocks_;
@@ -285,6 +290,17 @@ class FakeWorkerGroup final : public WorkerGroup {
           }
           h = *prev;
         }
+        if (row.prefix_token_ids_size() > 0) {
+          // The draft model's copy of the prefix: the tokens whose KV the
+          // lane reads, so they hash to what its last cached slot holds.
+          uint64_t ph = 0;
+          for (int32_t t : row.prefix_token_ids()) ph = FakeMix(ph, t);
+          if (!row.has_sampling() || row.prefix_token_ids_size() != row.start_position() ||
+              ph != h) {
+            fail(absl::StrCat("lane ", row.lane_id(), ": prefix tokens that are not its prefix"));
+          }
+          ++prefix_rows_;
+        }
         std::vector<int32_t> inputs;
         if (row.use_last_sampled()) {
           if (!lane.last) fail(absl::StrCat("lane ", row.lane_id(), " has no last token"));
@@ -357,6 +373,7 @@ class FakeWorkerGroup final : public WorkerGroup {
   int64_t restored_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t restore_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t released_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prefix_rows_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t received_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<int64_t> fail_send_after_ ABSL_GUARDED_BY(mu_);

@@ -93,6 +93,12 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
     SetLaneParams(row, lane.req->p.sampling, lane.choice,
                   absl::MakeConstSpan(lane.seq.data() + prompt,
                                       static_cast<size_t>(lane.generated_before())));
+    // Positions the lane takes from cached blocks: a draft model on the
+    // workers may never have seen them (LaneStep.prefix_token_ids).
+    if (drafter_ != nullptr && opt_.max_drafts > 0 && lane.fed > 0 &&
+        drafter_->WantsPrefixTokens(lane)) {
+      row->mutable_prefix_token_ids()->Add(lane.seq.begin(), lane.seq.begin() + lane.fed);
+    }
     lane.params_sent = true;
   }
   // A row that samples may ask the workers' draft model for the lane's

@@ -97,6 +97,10 @@ class Drafter {
   // of `lane` being planned, which samples (LaneStep.propose_drafts); 0 for
   // none. `max_drafts`: what the lane may still use.
   virtual int ProposeDepth(const Lane& lane, int max_drafts) { return 0; }
+  // Whether the first row of `lane`, which starts past cached positions,
+  // carries their tokens for the workers' draft model
+  // (LaneStep.prefix_token_ids).
+  virtual bool WantsPrefixTokens(const Lane& lane) { return false; }
   // The workers' draft model proposed `tokens` to follow the first
   // `seq_len` tokens of the lane's sequence.
   virtual void OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) {}

@@ -52,6 +52,8 @@ class ScriptedDrafter final : public Drafter {
     d.source = 0;
     return d;
   }
+  // As a drafter with a draft model on the workers would.
+  bool WantsPrefixTokens(const Lane&) override { return true; }
 
  private:
   std::vector<int32_t> Propose(const Lane& lane, int max_drafts) {
@@ -154,6 +156,7 @@ struct Outcome {
   int64_t drafts_seen = 0;
   int64_t drafts_accepted = 0;
   int64_t rounds = 0;
+  int64_t prefix_rows = 0;
 };
 
 Outcome RunCase(const Case& c, bool with_drafts) {
@@ -253,6 +256,7 @@ Outcome RunCase(const Case& c, bool with_drafts) {
   }
   outcome.drafts_seen = group.drafts_seen();
   outcome.drafts_accepted = group.drafts_accepted();
+  outcome.prefix_rows = group.prefix_rows();
   // Every block is back: free or cached.
   const KvBlockStats st = (*kv)->stats();
   EXPECT_EQ(st.free_blocks + st.evictable_blocks, c.num_blocks) << c.name;
@@ -307,6 +311,12 @@ std::vector<Case> Cases() {
        .requests =
            {{.prompt_len = 20, .max_tokens = 5, .family = 2, .shared = 12},
             {.prompt_len = 20, .max_tokens = 5, .arrival_round = 10, .family = 2, .shared = 12}},
+       .expect_prefix_hit = true},
+      {.name = "prefix hit with drafts",
+       .requests =
+           {{.prompt_len = 17, .max_tokens = 6, .family = 3, .shared = 13},
+            {.prompt_len = 17, .max_tokens = 6, .arrival_round = 12, .family = 3, .shared = 13}},
+       .max_drafts = 3,
        .expect_prefix_hit = true},
       {.name = "verify rows, drafts partly rejected",
        .requests = {{.prompt_len = 6, .max_tokens = 30},
@@ -367,7 +377,14 @@ TEST_P(PlannerTableTest, EveryChoiceEqualsItsSoloRunAndTheLedgerMatchesTheWorker
     if (c.expect_fewer_rounds) {
       EXPECT_LT(spec.rounds, plain.rounds) << c.name;
     }
+    // A lane that starts on cached blocks tells the draft model their
+    // tokens (the fake checks them against the pool's prefix hashes).
+    if (c.expect_prefix_hit) {
+      EXPECT_GT(spec.prefix_rows, 0) << c.name;
+    }
   }
+  // Without speculation no row carries them.
+  EXPECT_EQ(plain.prefix_rows, 0) << c.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PlannerTableTest, ::testing::ValuesIn(Cases()),

@@ -283,6 +283,13 @@ int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
   return 0;
 }
 
+bool Speculator::WantsPrefixTokens(const Lane& lane) {
+  // Whether a draft model will ever be asked for this lane: the same terms
+  // as ProposeDepth's before any measurement.
+  const PreparedRequest& p = lane.req->p;
+  return model_source_ >= 0 && p.speculative && o_.max_drafts > 0 && p.max_drafts != 0;
+}
+
 void Speculator::OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) {
   if (model_source_ >= 0) sources_[model_source_]->OnProposed(lane, seq_len, tokens);
 }

@@ -83,6 +83,7 @@ class Speculator final : public Drafter {
 
   DraftDecision Plan(const Lane& lane, const DraftContext& context) override;
   int ProposeDepth(const Lane& lane, int max_drafts) override;
+  bool WantsPrefixTokens(const Lane& lane) override;
   void OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) override;
   void OnVerified(LaneId lane, int source, int drafted, int accepted) override;
   void OnFinished(absl::Span<const int32_t> seq, int64_t prompt_len) override;

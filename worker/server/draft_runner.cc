@@ -42,7 +42,86 @@ DraftRunner::DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int 
     : draft_(std::move(draft)),
       target_blocks_(target_blocks),
       scratch_blocks_(scratch_blocks),
-      mtp_(draft_->config().mtp_drafter) {}
+      mtp_(draft_->config().mtp_drafter),
+      valid_(static_cast<size_t>(target_blocks), 0) {}
+
+void DraftRunner::TargetWrote(const RoundInput& round) {
+  const auto in_pool = [&](int32_t b) { return b >= 0 && b < target_blocks_; };
+  for (const BlockCopy& c : round.block_copies) {
+    if (in_pool(c.src) && in_pool(c.dst)) valid_[c.dst] = valid_[c.src];
+  }
+  const int64_t bs = draft_->kv_pool().block_size;
+  for (const SeqStep& s : round.seqs) {
+    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
+    for (int64_t p = s.start_position; p < end; p = (p / bs + 1) * bs) {
+      const size_t bi = static_cast<size_t>(p / bs);
+      if (bi >= s.block_ids.size()) break;
+      const int32_t b = s.block_ids[bi];
+      if (in_pool(b)) valid_[b] = std::min<int32_t>(valid_[b], static_cast<int32_t>(p % bs));
+    }
+  }
+}
+
+void DraftRunner::DraftFed(const SeqStep& t, int64_t fed) {
+  const int64_t bs = draft_->kv_pool().block_size;
+  const int64_t end = t.start_position + fed;
+  for (int64_t p = t.start_position; p < end; p = (p / bs + 1) * bs) {
+    const int64_t bi = p / bs;
+    if (bi >= static_cast<int64_t>(t.block_ids.size())) break;
+    const int32_t b = t.block_ids[static_cast<size_t>(bi)];
+    if (b < 0 || b >= target_blocks_) continue;  // scratch
+    // Entries after a stale one do not make the block's prefix whole.
+    if (p % bs <= valid_[b]) {
+      valid_[b] = std::max<int32_t>(valid_[b], static_cast<int32_t>(std::min(end - bi * bs, bs)));
+    }
+  }
+}
+
+int64_t DraftRunner::FirstStale(absl::Span<const int32_t> blocks, int64_t end) const {
+  const int64_t bs = draft_->kv_pool().block_size;
+  for (size_t bi = 0; static_cast<int64_t>(bi) * bs < end; ++bi) {
+    const int64_t first = static_cast<int64_t>(bi) * bs;
+    if (bi >= blocks.size() || blocks[bi] < 0 || blocks[bi] >= target_blocks_) return first;
+    if (valid_[blocks[bi]] < std::min(bs, end - first)) return first + valid_[blocks[bi]];
+  }
+  return end;
+}
+
+void DraftRunner::KeepPrefix(uint64_t lane, const SeqStep& s, absl::Span<const int32_t> prefix) {
+  DropPrefix(lane);
+  if (static_cast<int64_t>(prefix.size()) != s.start_position) return;
+  const int64_t from = FirstStale(s.block_ids, s.start_position);
+  const int64_t n = s.start_position - from;
+  if (n <= 0 || prefix_total_ + n > kMaxPrefixTokens) return;
+  if (prefix_.size() > kMaxPending) {
+    prefix_.clear();
+    prefix_total_ = 0;
+  }
+  prefix_[lane] = Prefix{.from = from, .tokens = {prefix.begin() + from, prefix.end()}};
+  prefix_total_ += n;
+}
+
+void DraftRunner::DropPrefix(uint64_t lane) {
+  auto it = prefix_.find(lane);
+  if (it == prefix_.end()) return;
+  prefix_total_ -= static_cast<int64_t>(it->second.tokens.size());
+  prefix_.erase(it);
+}
+
+void DraftRunner::PrependPrefix(uint64_t lane, SeqStep* t) {
+  auto it = prefix_.find(lane);
+  if (it == prefix_.end()) return;
+  const Prefix& kept = it->second;
+  const int64_t kept_end = kept.from + static_cast<int64_t>(kept.tokens.size());
+  // Entries another lane fed since the first row need not be fed again.
+  const int64_t from = std::max(kept.from, FirstStale(t->block_ids, t->start_position));
+  if (kept_end == t->start_position && from < kept_end) {
+    t->tokens.insert(t->tokens.begin(), kept.tokens.begin() + (from - kept.from),
+                     kept.tokens.end());
+    t->start_position = from;
+  }
+  DropPrefix(lane);
+}
 
 bool DraftRunner::CoverWithScratch(int64_t last, std::vector<int32_t>* blocks,
                                    int* scratch_next) const {
@@ -93,13 +172,19 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
   first.block_copies = round.block_copies;
   first.want_hidden = mtp_;
   std::vector<Proposing> proposing;
+  TargetWrote(round);
   if (mtp_) {
     FeedMtp(round, feeds, target, &first, &proposing);
   } else {
     FeedModel(round, feeds, &first, &proposing);
   }
   if (first.seqs.empty() && first.block_copies.empty()) return proposals;
-  Propose(first, &proposing, &proposals);
+  if (Propose(first, &proposing, &proposals)) {
+    for (const SeqStep& t : first.seqs) DraftFed(t, static_cast<int64_t>(t.tokens.size()));
+  } else {
+    // What the failed pass wrote, and whether it copied, is unknown.
+    std::fill(valid_.begin(), valid_.end(), 0);
+  }
   for (const auto& p : proposals) proposed_ += static_cast<int64_t>(p.size());
   return proposals;
 }
@@ -140,6 +225,7 @@ void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feed
       lag_.erase(lag);
       lag = lag_.end();
     }
+    if (!f.prefix.empty()) KeepPrefix(f.lane, s, f.prefix);
     SeqStep t;
     t.block_ids = s.block_ids;
     if (!(f.has_next && f.propose > 0)) {
@@ -150,6 +236,7 @@ void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feed
       t.start_position = lag->second.from;
       t.tokens = std::move(lag->second.tokens);
       lag_.erase(lag);
+      PrependPrefix(f.lane, &t);
       first->seqs.push_back(std::move(t));
       continue;
     }
@@ -160,6 +247,7 @@ void DraftRunner::FeedModel(const RoundInput& round, absl::Span<const Feed> feed
     } else {
       t.start_position = s.start_position;
     }
+    PrependPrefix(f.lane, &t);
     t.tokens.insert(t.tokens.end(), s.tokens.begin(), kept_end);
     // The sample goes at next_pos and gives the first draft.
     t.tokens.push_back(f.next);
@@ -221,13 +309,13 @@ void DraftRunner::FeedMtp(const RoundInput& round, absl::Span<const Feed> feeds,
   }
 }
 
-void DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* proposing,
+bool DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* proposing,
                           std::vector<std::vector<int32_t>>* proposals) {
   std::vector<int32_t> argmax;
   std::vector<std::vector<float>> hidden;
   if (absl::Status st = StepArgmax(first, &argmax, mtp_ ? &hidden : nullptr); !st.ok()) {
     LogFailure(st);
-    return;
+    return false;
   }
   for (Proposing& p : *proposing) {
     (*proposals)[p.seq].push_back(argmax[p.draft_seq]);
@@ -269,6 +357,7 @@ void DraftRunner::Propose(const RoundInput& first, std::vector<Proposing>* propo
   last_propose_us_ =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
           .count();
+  return true;
 }
 
 }  // namespace ringlane::worker

@@ -18,11 +18,17 @@
 // streams, feeding every row took ~10% of the worker's time. Positions a
 // proposal runs ahead into, past the row's own blocks, live in scratch
 // blocks after the target's range, reused every round: the next row feeds
-// those positions again with the tokens actually kept. What the draft pool
-// does not follow: blocks imported from the kvstore or another rank, and
-// positions another lane has not fed yet when its blocks are reused or
-// copied (their draft entries are stale until written again), which costs
-// acceptance, never correctness.
+// those positions again with the tokens actually kept.
+//
+// A prefix the draft model never saw: blocks restored from the kvstore or
+// imported from another rank, and positions of a lane that never asked for
+// a proposal (so was never fed) before its blocks were reused or copied.
+// The runner keeps, per target block, how many leading positions of its
+// draft entries match the target's, and a lane's first row brings the
+// tokens of the positions before it (LaneStep.prefix_token_ids): the stale
+// ones are kept and fed ahead of the lane's own tokens when it is next fed,
+// so its proposals read what a draft model that had seen the whole prompt
+// would. Stale entries only ever cost acceptance, never correctness.
 //
 // An MTP drafter (DeepSeek-V3 / GLM-5's MTP layer, ModelConfig::mtp_drafter)
 // reads the target's hidden states too: its entry for position j is made
@@ -77,6 +83,9 @@ class DraftRunner {
     int32_t next = 0;
     // Greedy tokens to propose after `next`; 0 for none.
     int propose = 0;
+    // A lane's first row: the tokens of the positions before it
+    // (LaneStep.prefix_token_ids), for those the draft pool lacks.
+    absl::Span<const int32_t> prefix;
   };
 
   // Whether Run needs the target's hidden states (RoundInput::want_hidden).
@@ -93,7 +102,20 @@ class DraftRunner {
   void Forget(uint64_t lane) {
     pending_.erase(lane);
     lag_.erase(lane);
+    DropPrefix(lane);
   }
+  // The target's block was written from outside a round (restored from the
+  // kvstore or imported from another rank): its draft entries are stale.
+  void Invalidate(int32_t block) {
+    if (block >= 0 && block < target_blocks_) valid_[static_cast<size_t>(block)] = 0;
+  }
+  // Leading positions of the target's block whose draft entries hold what
+  // the target's block holds (tests).
+  int valid_positions(int32_t block) const {
+    return block >= 0 && block < target_blocks_ ? valid_[static_cast<size_t>(block)] : 0;
+  }
+  // Prefix tokens kept for lanes until they are fed (tests).
+  int64_t prefix_tokens() const { return prefix_total_; }
   // Tokens of `lane` kept but not yet fed to the draft model.
   int64_t lag_tokens(uint64_t lane) const {
     auto it = lag_.find(lane);
@@ -134,8 +156,9 @@ class DraftRunner {
   // `proposing`. False, `t` unchanged, when none fit (context, scratch).
   bool StartProposal(size_t seq, int64_t position, int propose, size_t draft_seq, SeqStep* t,
                      int* scratch_next, std::vector<Proposing>* proposing);
-  // Runs the first round, then one position a pass for the proposing lanes.
-  void Propose(const RoundInput& first, std::vector<Proposing>* proposing,
+  // Runs the first round, then one position a pass for the proposing lanes;
+  // false when the first round failed.
+  bool Propose(const RoundInput& first, std::vector<Proposing>* proposing,
                std::vector<std::vector<int32_t>>* proposals);
   // Scratch blocks after `blocks` so that they cover position `last`; false
   // when this round's scratch is used up.
@@ -158,12 +181,43 @@ class DraftRunner {
   };
   static constexpr size_t kMaxLagTokens = 8192;
 
+  // A lane's prefix tokens the draft pool lacked at its first row,
+  // positions [from, from + tokens.size()), kept until the lane is fed.
+  struct Prefix {
+    int64_t from = 0;
+    std::vector<int32_t> tokens;
+  };
+  // At most this many prefix tokens are kept over all lanes; a prefix past
+  // it is not kept, and that lane's drafts read stale entries (acceptance
+  // only).
+  static constexpr int64_t kMaxPrefixTokens = int64_t{1} << 20;
+  void KeepPrefix(uint64_t lane, const SeqStep& s, absl::Span<const int32_t> prefix);
+  void DropPrefix(uint64_t lane);
+  // The first position before `end` whose draft entry in `blocks` is stale
+  // (`end` when none is).
+  int64_t FirstStale(absl::Span<const int32_t> blocks, int64_t end) const;
+  // A draft pass will feed `t`: its tokens start with the lane's kept
+  // prefix where the draft pool lacks positions before t->start_position.
+  void PrependPrefix(uint64_t lane, SeqStep* t);
+  // Validity bookkeeping: the target wrote `s`'s positions (its block
+  // copies first); the draft model wrote `fed` positions of `t` from its
+  // start.
+  void TargetWrote(const RoundInput& round);
+  void DraftFed(const SeqStep& t, int64_t fed);
+
   std::unique_ptr<Backend> draft_;
   const int target_blocks_;
   const int scratch_blocks_;
   const bool mtp_;
   absl::flat_hash_map<uint64_t, Pending> pending_;
   absl::flat_hash_map<uint64_t, Lag> lag_;
+  absl::flat_hash_map<uint64_t, Prefix> prefix_;
+  int64_t prefix_total_ = 0;
+  // Per target block: how many leading positions of the draft pool's block
+  // hold the draft model's entries of the tokens the target's block holds.
+  // Cut back where the target writes (a block reused for other tokens) or a
+  // block is restored or imported; extended where the draft model is fed.
+  std::vector<int32_t> valid_;
   int64_t proposed_ = 0;
   int64_t passes_ = 0;
   int64_t last_propose_us_ = 0;

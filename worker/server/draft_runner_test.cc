@@ -342,6 +342,129 @@ TEST_F(DraftRunnerTest, ProposalsNeverChangeWhatIsSampled) {
   EXPECT_EQ(run(exec_.get(), 6), run(ref_.get(), 6));
 }
 
+// A prefix the draft model never saw. Lane 1 prefills `a` into blocks 0-1
+// and is released without asking for a proposal, so its tokens were never
+// fed to the draft model; lane 2 reuses those blocks. With the first row's
+// prefix tokens its proposal is its greedy continuation, and every entry
+// the runner trusts afterwards is one it wrote.
+TEST_F(DraftRunnerTest, APrefixTheDraftModelNeverSawIsFedFromTheFirstRowsPrefixTokens) {
+  const std::vector<int32_t> a = {3, 4, 5, 6, 7, 8, 9, 10};  // two whole blocks
+  const std::vector<int32_t> b = {3, 4, 5, 6, 7, 8, 9, 10, 400, 401};
+  const std::vector<int32_t> gb = GreedyTokens(b, 5);
+
+  v1::RoundPlan plan;
+  plan.set_round_id(1);
+  v1::LaneStep* row = plan.add_rows();
+  row->set_lane_id(1);
+  row->mutable_token_ids()->Add(a.begin(), a.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_release_lane(true);
+  AddBlocks(row, 0, 8);
+  ASSERT_EQ(Run(plan).error().code(), 0);
+  EXPECT_EQ(draft_->passes(), 0);
+  EXPECT_EQ(draft_->valid_positions(0), 0);
+
+  plan.Clear();
+  plan.set_round_id(2);
+  row = plan.add_rows();
+  row->set_lane_id(2);
+  row->set_start_position(8);
+  row->mutable_token_ids()->Add(b.begin() + 8, b.end());
+  row->mutable_prefix_token_ids()->Add(b.begin(), b.begin() + 8);
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(4);
+  row->add_block_ids(0);
+  row->add_block_ids(1);
+  row->add_block_ids(10);
+  v1::RoundResult r = Run(plan);
+  ASSERT_EQ(r.error().code(), 0) << r.error().message();
+  ASSERT_EQ(r.outputs_size(), 1);
+  EXPECT_EQ(Ids(r.outputs(0)), std::vector<int32_t>{gb[0]});
+  EXPECT_THAT(Drafts(r.outputs(0)), ElementsAreArray(gb.begin() + 1, gb.end()));
+  // Blocks 0-1 whole, and in block 10 the row's two tokens and its sample
+  // (the proposal's own positions after it are not the target's).
+  EXPECT_EQ(draft_->valid_positions(0), kBlock);
+  EXPECT_EQ(draft_->valid_positions(1), kBlock);
+  EXPECT_EQ(draft_->valid_positions(10), 3);
+  EXPECT_EQ(draft_->prefix_tokens(), 0);
+}
+
+// Blocks whose draft entries were right go stale when the target writes
+// other tokens into them (the router gave the blocks to another lane) and
+// when they are imported (restored from the kvstore or another rank): a
+// lane that then reuses them is fed its prefix again.
+TEST_F(DraftRunnerTest, BlocksWrittenOverOrImportedAreFedAgain) {
+  const std::vector<int32_t> a = {3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<int32_t> c = {200, 11, 12, 13, 14, 15, 16, 17};
+  std::vector<int32_t> d = c;
+  d.insert(d.end(), {402, 403});
+  const std::vector<int32_t> gd = GreedyTokens(d, 5);
+  uint64_t round = 0;
+  // A lane over blocks 0-1 (and its sample's block 2) that asks for a
+  // proposal or not, then is released.
+  auto prefill = [&](uint64_t lane, const std::vector<int32_t>& prompt, int propose) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Greedy();
+    row->set_propose_drafts(propose);
+    AddBlocks(row, 0, 8);
+    ASSERT_EQ(Run(plan).error().code(), 0);
+    plan.Clear();
+    plan.set_round_id(++round);
+    plan.add_rows()->set_lane_id(lane);
+    plan.mutable_rows(0)->set_release_lane(true);
+    ASSERT_EQ(Run(plan).error().code(), 0);
+  };
+  // `d` from its cached first 8 positions: its proposal.
+  auto reuse = [&](uint64_t lane) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->set_start_position(8);
+    row->mutable_token_ids()->Add(d.begin() + 8, d.end());
+    row->mutable_prefix_token_ids()->Add(d.begin(), d.begin() + 8);
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Greedy();
+    row->set_propose_drafts(4);
+    row->add_block_ids(0);
+    row->add_block_ids(1);
+    row->add_block_ids(11);
+    v1::RoundResult r = Run(plan);
+    EXPECT_EQ(r.error().code(), 0) << r.error().message();
+    return r.outputs_size() == 1 ? Drafts(r.outputs(0)) : std::vector<int32_t>{};
+  };
+
+  // Written over: `a` with a proposal (the draft entries are a's), then `c`
+  // without one (the target's blocks hold c, the draft's still a).
+  prefill(1, a, 4);
+  EXPECT_EQ(draft_->valid_positions(0), kBlock);
+  prefill(2, c, 0);
+  EXPECT_EQ(draft_->valid_positions(0), 0);
+  EXPECT_EQ(draft_->valid_positions(1), 0);
+  EXPECT_THAT(reuse(3), ElementsAreArray(gd.begin() + 1, gd.end()));
+
+  // Imported: `a` with a proposal again, then c's blocks from a rank that
+  // computed them (the reference's pool, where GreedyTokens left d's first
+  // 8 positions in blocks 0-1) copied over the target's.
+  prefill(4, a, 4);
+  EXPECT_EQ(draft_->valid_positions(1), kBlock);
+  for (int32_t block : {0, 1}) {
+    std::vector<uint8_t> kv;
+    ASSERT_TRUE(ref_backend_->ExportKvBlock(block, &kv).ok());
+    ASSERT_TRUE(backend_->ImportKvBlock(block, kv).ok());
+    draft_->Invalidate(block);  // as StepLoop::ImportBlock does
+  }
+  EXPECT_EQ(draft_->valid_positions(0), 0);
+  EXPECT_THAT(reuse(5), ElementsAreArray(gd.begin() + 1, gd.end()));
+}
+
 TEST_F(DraftRunnerTest, BadProposalRequestsAreInvalidArgument) {
   for (int bad : {-1, 65}) {
     v1::RoundPlan plan;
@@ -356,6 +479,50 @@ TEST_F(DraftRunnerTest, BadProposalRequestsAreInvalidArgument) {
     v1::RoundResult r = Run(plan);
     EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << bad;
     EXPECT_THAT(r.error().message(), HasSubstr("propose_drafts"));
+  }
+  // Prefix tokens that do not match the row, or on a lane's later row.
+  struct Bad {
+    int64_t start;
+    std::vector<int32_t> prefix;
+    const char* why;
+  };
+  for (const Bad& bad : {Bad{2, {1}, "prefix_token_ids: 1 tokens for start_position 2"},
+                         Bad{2, {1, 2, 3}, "prefix_token_ids: 3 tokens"},
+                         Bad{2, {1, 512}, "prefix_token_ids[1] = 512 is outside"},
+                         Bad{2, {-1, 2}, "prefix_token_ids[0] = -1"}}) {
+    v1::RoundPlan plan;
+    plan.set_round_id(1);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(3);
+    row->set_start_position(bad.start);
+    row->add_token_ids(1);
+    row->mutable_prefix_token_ids()->Add(bad.prefix.begin(), bad.prefix.end());
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Greedy();
+    row->add_block_ids(0);
+    v1::RoundResult r = Run(plan);
+    EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << bad.why;
+    EXPECT_THAT(r.error().message(), HasSubstr(bad.why));
+  }
+  {
+    v1::RoundPlan plan;
+    plan.set_round_id(1);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(4);
+    row->add_token_ids(1);
+    row->set_sample_last(true);
+    *row->mutable_sampling() = Greedy();
+    row->add_block_ids(0);
+    ASSERT_EQ(Run(plan).error().code(), 0);
+    plan.set_round_id(2);
+    row->clear_sampling();
+    row->clear_token_ids();
+    row->set_start_position(1);
+    row->set_use_last_sampled(true);
+    row->add_prefix_token_ids(1);
+    v1::RoundResult r = Run(plan);
+    EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(r.error().message(), HasSubstr("prefix_token_ids without sampling"));
   }
   // More than a worker proposes is answered with what it can.
   v1::RoundPlan plan;

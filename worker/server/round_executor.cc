@@ -56,12 +56,16 @@ absl::Status RoundExecutor::ValidateEarlierOutput(const v1::LaneStep& row) const
         absl::StrCat("earlier_output_token_ids: ", row.earlier_output_token_ids_size(),
                      " tokens, the context holds ", config.max_position));
   }
-  for (int k = 0; k < row.earlier_output_token_ids_size(); ++k) {
-    const int32_t t = row.earlier_output_token_ids(k);
-    if (t < 0 || t >= config.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("earlier_output_token_ids[", k, "] = ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     config.vocab, ")"));
+  return InVocabulary("earlier_output_token_ids", row.earlier_output_token_ids());
+}
+
+absl::Status RoundExecutor::InVocabulary(
+    absl::string_view field, const google::protobuf::RepeatedField<int32_t>& ids) const {
+  const int vocab = backend_->config().vocab;
+  for (int k = 0; k < ids.size(); ++k) {
+    if (ids[k] < 0 || ids[k] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", k, "] = ", ids[k], " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   return absl::OkStatus();
@@ -120,6 +124,16 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
     if (row.start_position() > pool_positions) {
       return bad(absl::StrCat("start_position ", row.start_position(), " past the KV pool's ",
                               pool_positions, " positions"));
+    }
+    if (row.prefix_token_ids_size() > 0) {
+      if (!row.has_sampling()) return bad("prefix_token_ids without sampling parameters");
+      if (row.prefix_token_ids_size() != row.start_position()) {
+        return bad(absl::StrCat("prefix_token_ids: ", row.prefix_token_ids_size(),
+                                " tokens for start_position ", row.start_position()));
+      }
+      if (absl::Status st = InVocabulary("prefix_token_ids", row.prefix_token_ids()); !st.ok()) {
+        return bad(std::string(st.message()));
+      }
     }
     if (row.linear_chunked_until() < 0) return bad("negative linear_chunked_until");
     if (backend_->kv_pool().state_slots > 0 && n > 0) {
@@ -325,6 +339,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       if (seq_of_row[i] < 0) continue;
       feeds[seq_of_row[i]].lane = plan.rows(i).lane_id();
       feeds[seq_of_row[i]].keep = static_cast<int>(in.seqs[seq_of_row[i]].tokens.size());
+      feeds[seq_of_row[i]].prefix = plan.rows(i).prefix_token_ids();
     }
   }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "ringlane/v1/worker.pb.h"
 #include "worker/backend/backend.h"
 #include "worker/collectives/timed_communicator.h"
@@ -85,6 +86,9 @@ class RoundExecutor {
   // The row's earlier_output_token_ids against the model's vocabulary and
   // context.
   absl::Status ValidateEarlierOutput(const ringlane::v1::LaneStep& row) const;
+  // InvalidArgument naming `field` and the first id outside the vocabulary.
+  absl::Status InVocabulary(absl::string_view field,
+                            const google::protobuf::RepeatedField<int32_t>& ids) const;
 
   Backend* const backend_;
   const int rank_;

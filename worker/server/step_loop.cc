@@ -191,7 +191,12 @@ absl::Status StepLoop::ExportBlock(int32_t block, std::vector<uint8_t>* out,
 absl::Status StepLoop::ImportBlock(int32_t block, absl::Span<const uint8_t> data,
                                    const CancelledFn& cancelled) {
   auto op = std::make_shared<Op>();
-  op->run = [&] { return backend_->ImportKvBlock(block, data); };
+  op->run = [&] {
+    absl::Status st = backend_->ImportKvBlock(block, data);
+    // The draft model's entries of the block are of whatever it held before.
+    if (draft_ != nullptr) draft_->Invalidate(block);
+    return st;
+  };
   return Submit(op, &cancelled);
 }
 

@@ -94,14 +94,23 @@ class StepLoopTest : public ::testing::Test {
   // The step thread calls back into this fixture, so it ends first.
   void TearDown() override { loop_.reset(); }
 
-  absl::Status Install(int64_t epoch, bool failing = false) {
+  // `self_draft`: the model is its own draft model too (its proposals are
+  // its greedy continuations).
+  absl::Status Install(int64_t epoch, bool failing = false, bool self_draft = false) {
     absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(*model_, BackendOptions{}, nullptr);
     if (!b.ok()) return b.status();
     std::unique_ptr<Backend> backend = std::move(*b);
     if (failing) backend = std::make_unique<FailingStepBackend>(std::move(backend));
+    std::unique_ptr<Backend> draft;
+    if (self_draft) {
+      absl::StatusOr<std::unique_ptr<Backend>> d =
+          CreateBackend(*model_, BackendOptions{}, nullptr);
+      if (!d.ok()) return d.status();
+      draft = std::move(*d);
+    }
     return loop_->Install(epoch,
                           std::make_unique<TimedCommunicator>(CreateSingleRankCommunicator()),
-                          std::move(backend), kPool);
+                          std::move(backend), kPool, std::move(draft));
   }
 
   // A new lane's prefill of `n` tokens into block 0, sampling its last one.
@@ -194,6 +203,56 @@ TEST_F(StepLoopTest, KvMovesRunInTheOrderEnqueuedWithRounds) {
   // and before the last export.
   ASSERT_TRUE(imported_st.ok()) << imported_st;
   EXPECT_EQ(after_import, imported);
+}
+
+// An imported block's draft entries are of what the block held before: a
+// lane that reuses the imported block gets the proposal of a lane that fed
+// the same tokens itself, not one read from the old entries.
+TEST_F(StepLoopTest, AnImportedBlockIsFedToTheDraftModelAgain) {
+  ASSERT_TRUE(Install(1, /*failing=*/false, /*self_draft=*/true).ok());
+  std::unique_ptr<RoundExecutor> exec;
+  uint64_t round_id = 0;
+  // A lane's first row: `tokens` after `prefix` (cached in the first
+  // blocks of `blocks`), sampling and asking for `propose` drafts.
+  auto first_row = [&](uint64_t lane, const std::vector<int32_t>& prefix,
+                       const std::vector<int32_t>& tokens, std::vector<int32_t> blocks,
+                       int propose) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id);
+    v1::LaneStep* row = plan.add_rows();
+    row->set_lane_id(lane);
+    row->set_start_position(static_cast<int64_t>(prefix.size()));
+    row->mutable_prefix_token_ids()->Add(prefix.begin(), prefix.end());
+    row->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+    row->mutable_block_ids()->Add(blocks.begin(), blocks.end());
+    row->set_sample_last(true);
+    row->set_propose_drafts(propose);
+    row->mutable_sampling()->set_temperature(0);
+    row->mutable_sampling()->set_seed(1);
+    absl::StatusOr<StepLoop::RoundOutcome> r =
+        loop_->RunRound(1, &exec, plan, std::chrono::steady_clock::now());
+    EXPECT_TRUE(r.ok() && r->failure.ok() && !r->result.has_error());
+    std::vector<int32_t> drafts;
+    if (r.ok() && r->result.outputs_size() == 1) {
+      drafts.assign(r->result.outputs(0).draft_token_ids().begin(),
+                    r->result.outputs(0).draft_token_ids().end());
+    }
+    return drafts;
+  };
+  const std::vector<int32_t> x = {20, 21, 22, 23};
+  const std::vector<int32_t> y = {30, 31, 32, 33};
+  // x's KV in block 1 (never fed to the draft model), y's in block 0 with
+  // a proposal (the draft's entries of block 0 are y's).
+  first_row(1, {}, x, {1, 5}, 0);
+  EXPECT_EQ(first_row(2, {}, y, {0, 6}, 3).size(), 3u);
+  // Block 0 now holds x, as restored from a store.
+  ASSERT_TRUE(loop_->ImportBlock(0, Export(1), [] { return false; }).ok());
+  const std::vector<int32_t> reused = first_row(3, x, {40}, {0, 2}, 3);
+  std::vector<int32_t> whole = x;
+  whole.push_back(40);
+  const std::vector<int32_t> fresh = first_row(4, {}, whole, {3, 4}, 3);
+  ASSERT_EQ(fresh.size(), 3u);
+  EXPECT_EQ(reused, fresh);
 }
 
 TEST_F(StepLoopTest, AbandonedQueuedExportNeverRuns) {
