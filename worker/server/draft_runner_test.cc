@@ -94,6 +94,37 @@ v1::LaneStep* AddGreedyRow(v1::RoundPlan* plan, uint64_t lane, const std::vector
   return row;
 }
 
+// A new greedy lane's first row: `prompt` from position 0 in blocks 0..,
+// sampling its last token and asking for `propose` drafts.
+v1::LaneStep* AddFirstRow(v1::RoundPlan* plan, uint64_t lane, const std::vector<int32_t>& prompt,
+                          int propose) {
+  v1::LaneStep* row = plan->add_rows();
+  row->set_lane_id(lane);
+  row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(propose);
+  AddBlocks(row, 0, static_cast<int64_t>(prompt.size()));
+  return row;
+}
+
+// A new greedy lane's first row over `seq`, whose first 8 positions it
+// takes from blocks 0-1 (their tokens as prefix_token_ids) and the rest
+// writes into `own_block`, asking for 4 drafts.
+v1::LaneStep* AddReuseRow(v1::RoundPlan* plan, uint64_t lane, const std::vector<int32_t>& seq,
+                          int32_t own_block) {
+  v1::LaneStep* row = plan->add_rows();
+  row->set_lane_id(lane);
+  row->set_start_position(8);
+  row->mutable_token_ids()->Add(seq.begin() + 8, seq.end());
+  row->mutable_prefix_token_ids()->Add(seq.begin(), seq.begin() + 8);
+  row->set_sample_last(true);
+  *row->mutable_sampling() = Greedy();
+  row->set_propose_drafts(4);
+  for (int32_t b : {0, 1, own_block}) row->add_block_ids(b);
+  return row;
+}
+
 class DraftRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -236,13 +267,7 @@ TEST_F(DraftRunnerTest, LanesSideBySideAndAPrefixReusedFromAnotherLane) {
   // Lane 1 prefills a in blocks 0-1 (and its first decode position in 2).
   v1::RoundPlan plan;
   plan.set_round_id(1);
-  v1::LaneStep* row = plan.add_rows();
-  row->set_lane_id(1);
-  row->mutable_token_ids()->Add(a.begin(), a.end());
-  row->set_sample_last(true);
-  *row->mutable_sampling() = Greedy();
-  row->set_propose_drafts(4);
-  AddBlocks(row, 0, 8);
+  v1::LaneStep* row = AddFirstRow(&plan, 1, a, 4);
   ASSERT_EQ(Run(plan).error().code(), 0);
 
   // Lane 2 reuses blocks 0-1 (a's first 8 tokens are b's) and feeds only
@@ -354,30 +379,14 @@ TEST_F(DraftRunnerTest, APrefixTheDraftModelNeverSawIsFedFromTheFirstRowsPrefixT
 
   v1::RoundPlan plan;
   plan.set_round_id(1);
-  v1::LaneStep* row = plan.add_rows();
-  row->set_lane_id(1);
-  row->mutable_token_ids()->Add(a.begin(), a.end());
-  row->set_sample_last(true);
-  *row->mutable_sampling() = Greedy();
-  row->set_release_lane(true);
-  AddBlocks(row, 0, 8);
+  AddFirstRow(&plan, 1, a, 0)->set_release_lane(true);
   ASSERT_EQ(Run(plan).error().code(), 0);
   EXPECT_EQ(draft_->passes(), 0);
   EXPECT_EQ(draft_->valid_positions(0), 0);
 
   plan.Clear();
   plan.set_round_id(2);
-  row = plan.add_rows();
-  row->set_lane_id(2);
-  row->set_start_position(8);
-  row->mutable_token_ids()->Add(b.begin() + 8, b.end());
-  row->mutable_prefix_token_ids()->Add(b.begin(), b.begin() + 8);
-  row->set_sample_last(true);
-  *row->mutable_sampling() = Greedy();
-  row->set_propose_drafts(4);
-  row->add_block_ids(0);
-  row->add_block_ids(1);
-  row->add_block_ids(10);
+  AddReuseRow(&plan, 2, b, 10);
   v1::RoundResult r = Run(plan);
   ASSERT_EQ(r.error().code(), 0) << r.error().message();
   ASSERT_EQ(r.outputs_size(), 1);
@@ -407,13 +416,7 @@ TEST_F(DraftRunnerTest, BlocksWrittenOverOrImportedAreFedAgain) {
   auto prefill = [&](uint64_t lane, const std::vector<int32_t>& prompt, int propose) {
     v1::RoundPlan plan;
     plan.set_round_id(++round);
-    v1::LaneStep* row = plan.add_rows();
-    row->set_lane_id(lane);
-    row->mutable_token_ids()->Add(prompt.begin(), prompt.end());
-    row->set_sample_last(true);
-    *row->mutable_sampling() = Greedy();
-    row->set_propose_drafts(propose);
-    AddBlocks(row, 0, 8);
+    AddFirstRow(&plan, lane, prompt, propose);
     ASSERT_EQ(Run(plan).error().code(), 0);
     plan.Clear();
     plan.set_round_id(++round);
@@ -425,17 +428,7 @@ TEST_F(DraftRunnerTest, BlocksWrittenOverOrImportedAreFedAgain) {
   auto reuse = [&](uint64_t lane) {
     v1::RoundPlan plan;
     plan.set_round_id(++round);
-    v1::LaneStep* row = plan.add_rows();
-    row->set_lane_id(lane);
-    row->set_start_position(8);
-    row->mutable_token_ids()->Add(d.begin() + 8, d.end());
-    row->mutable_prefix_token_ids()->Add(d.begin(), d.begin() + 8);
-    row->set_sample_last(true);
-    *row->mutable_sampling() = Greedy();
-    row->set_propose_drafts(4);
-    row->add_block_ids(0);
-    row->add_block_ids(1);
-    row->add_block_ids(11);
+    AddReuseRow(&plan, lane, d, 11);
     v1::RoundResult r = Run(plan);
     EXPECT_EQ(r.error().code(), 0) << r.error().message();
     return r.outputs_size() == 1 ? Drafts(r.outputs(0)) : std::vector<int32_t>{};
