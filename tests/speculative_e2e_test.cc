@@ -307,7 +307,7 @@ TEST_P(SpeculativeE2eTest, SameTokensAndLogprobsWithEveryDrafterSoloAndConcurren
 TEST(SpeculativeE2ePrefixTest, AResendOfAPromptTheDraftModelNeverSawKeepsEveryGreedyDraft) {
   const Model m = Stories();
   testing::ClusterOptions co;
-  co.worker_flags = {"--draft_model=" + m.path};
+  co.worker_flags = {"--draft_model=" + m.path, "--metrics_port=0"};
   co.router_flags = {"--spec_drafters=model", "--spec_adaptive=false", "--spec_max_drafts=4"};
   auto c = testing::StartCluster(co);
   ASSERT_NE(c, nullptr);
@@ -328,7 +328,14 @@ TEST(SpeculativeE2ePrefixTest, AResendOfAPromptTheDraftModelNeverSawKeepsEveryGr
   std::printf("resends with a self draft model: drafted %.0f, rejected %.0f\n", drafted, rejected);
   EXPECT_GT(drafted, 0);
   EXPECT_EQ(rejected, 0);
-  EXPECT_GT(testing::Metric(metrics->body, "ringlane_cached_prompt_tokens_total"), 0);
+  const double cached = testing::Metric(metrics->body, "ringlane_cached_prompt_tokens_total");
+  EXPECT_GT(cached, 0);
+  // The resends' cached tokens the draft model lacked were fed to it, and
+  // the worker counts them (not more than were cached).
+  const double refed = c->workers->RankMetric("ringlane_worker_draft_prefix_tokens_total");
+  std::printf("cached prompt tokens %.0f, fed again to the draft model %.0f\n", cached, refed);
+  EXPECT_GT(refed, 0);
+  EXPECT_LE(refed, cached);
 }
 
 std::string ModelName(const ::testing::TestParamInfo<Model (*)()>& info) {

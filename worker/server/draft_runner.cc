@@ -119,6 +119,7 @@ void DraftRunner::PrependPrefix(uint64_t lane, SeqStep* t) {
     t->tokens.insert(t->tokens.begin(), kept.tokens.begin() + (from - kept.from),
                      kept.tokens.end());
     t->start_position = from;
+    last_prefix_fed_ += kept_end - from;
   }
   DropPrefix(lane);
 }
@@ -168,6 +169,7 @@ std::vector<std::vector<int32_t>> DraftRunner::Run(const RoundInput& round,
                                                    const RoundOutput& target) {
   std::vector<std::vector<int32_t>> proposals(round.seqs.size());
   last_propose_us_ = 0;
+  last_prefix_fed_ = 0;
   RoundInput first;
   first.block_copies = round.block_copies;
   first.want_hidden = mtp_;

@@ -129,6 +129,9 @@ class DraftRunner {
   // Microseconds the last Run spent in its passes after the first: the cost
   // of proposing, beyond feeding the round.
   int64_t last_propose_us() const { return last_propose_us_; }
+  // Prefix tokens the last Run fed because the draft's entries of them were
+  // stale (LaneStep.prefix_token_ids).
+  int64_t last_prefix_fed() const { return last_prefix_fed_; }
 
  private:
   DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int scratch_blocks);
@@ -221,6 +224,7 @@ class DraftRunner {
   int64_t proposed_ = 0;
   int64_t passes_ = 0;
   int64_t last_propose_us_ = 0;
+  int64_t last_prefix_fed_ = 0;
   int64_t failures_ = 0;
 };
 

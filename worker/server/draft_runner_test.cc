@@ -398,6 +398,7 @@ TEST_F(DraftRunnerTest, APrefixTheDraftModelNeverSawIsFedFromTheFirstRowsPrefixT
   EXPECT_EQ(draft_->valid_positions(1), kBlock);
   EXPECT_EQ(draft_->valid_positions(10), 3);
   EXPECT_EQ(draft_->prefix_tokens(), 0);
+  EXPECT_EQ(draft_->last_prefix_fed(), 8);
 }
 
 // Blocks whose draft entries were right go stale when the target writes

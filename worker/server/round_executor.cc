@@ -221,6 +221,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   last_accepted_ = 0;
   last_replayed_ = 0;
   last_proposed_ = 0;
+  last_draft_prefix_fed_ = 0;
   last_draft_us_ = 0;
   if (absl::Status st = Validate(plan); !st.ok()) return reject(st);
 
@@ -451,6 +452,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - d0)
             .count();
     result.set_draft_propose_time_us(draft_->last_propose_us());
+    last_draft_prefix_fed_ = draft_->last_prefix_fed();
     for (size_t k = 0; k < proposals.size(); ++k) {
       last_proposed_ += static_cast<int64_t>(proposals[k].size());
       if (output_of_seq[k] == nullptr) continue;

@@ -67,6 +67,8 @@ class RoundExecutor {
   // Draft tokens proposed by the last Run, and its time in the draft model.
   int64_t last_proposed() const { return last_proposed_; }
   int64_t last_draft_us() const { return last_draft_us_; }
+  // Stale prefix tokens the last Run fed the draft model (DraftRunner).
+  int64_t last_draft_prefix_fed() const { return last_draft_prefix_fed_; }
 
  private:
   struct Lane {
@@ -108,6 +110,7 @@ class RoundExecutor {
   int64_t last_accepted_ = 0;
   int64_t last_proposed_ = 0;
   int64_t last_draft_us_ = 0;
+  int64_t last_draft_prefix_fed_ = 0;
 };
 
 }  // namespace ringlane::worker

@@ -53,6 +53,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
            .Help("Draft tokens the draft model (--draft_model, --draft_layers) proposed")
            .Register(r)
            .Add(l);
+  draft_prefix_tokens =
+      &prometheus::BuildCounter()
+           .Name("ringlane_worker_draft_prefix_tokens_total")
+           .Help(
+               "Cached prefix tokens fed to the draft model to catch up entries it lacked "
+               "(blocks restored from the kvstore, imported, or of lanes never fed)")
+           .Register(r)
+           .Add(l);
   draft_model_seconds = &prometheus::BuildCounter()
                              .Name("ringlane_worker_draft_model_seconds_total")
                              .Help(

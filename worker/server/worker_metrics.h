@@ -28,6 +28,9 @@ struct WorkerMetrics {
   // it (also inside compute_seconds).
   prometheus::Counter* drafts_proposed;
   prometheus::Counter* draft_model_seconds;
+  // Cached prefix tokens fed to the draft model because its entries of
+  // them were stale (restored, imported or never fed).
+  prometheus::Counter* draft_prefix_tokens;
   prometheus::Histogram* compute_seconds;
   prometheus::Histogram* collective_seconds;
   prometheus::Gauge* lanes;

@@ -185,6 +185,8 @@ grpc::Status WorkerService::Rounds(
         metrics_->state_replayed_tokens->Increment(static_cast<double>(exec->last_replayed()));
         metrics_->drafts_proposed->Increment(static_cast<double>(exec->last_proposed()));
         metrics_->draft_model_seconds->Increment(static_cast<double>(exec->last_draft_us()) * 1e-6);
+        metrics_->draft_prefix_tokens->Increment(
+            static_cast<double>(exec->last_draft_prefix_fed()));
         metrics_->compute_seconds->Observe(r.compute_time_us() * 1e-6);
         metrics_->collective_seconds->Observe(r.collective_time_us() * 1e-6);
       }
