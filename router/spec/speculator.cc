@@ -264,11 +264,16 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   return d;
 }
 
-int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
+int Speculator::ModelDraftCap(const Lane& lane, int max_drafts) const {
   const PreparedRequest& p = lane.req->p;
   if (model_source_ < 0 || !p.speculative) return 0;
   int cap = std::min(max_drafts, o_.max_drafts);
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
+  return std::max(cap, 0);
+}
+
+int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
+  const int cap = ModelDraftCap(lane, max_drafts);
   if (cap <= 0) return 0;
   if (o_.adaptive && !round_open_) return 0;
   auto it = lanes_.find(lane.id);
@@ -284,10 +289,8 @@ int Speculator::ProposeDepth(const Lane& lane, int max_drafts) {
 }
 
 bool Speculator::WantsPrefixTokens(const Lane& lane) {
-  // Whether a draft model will ever be asked for this lane: the same terms
-  // as ProposeDepth's before any measurement.
-  const PreparedRequest& p = lane.req->p;
-  return model_source_ >= 0 && p.speculative && o_.max_drafts > 0 && p.max_drafts != 0;
+  // Whether the draft model may ever be asked for this lane.
+  return ModelDraftCap(lane, o_.max_drafts) > 0;
 }
 
 void Speculator::OnProposed(LaneId lane, int64_t seq_len, absl::Span<const int32_t> tokens) {

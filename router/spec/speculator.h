@@ -132,6 +132,10 @@ class Speculator final : public Drafter {
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
+  // The most drafts the workers' draft model may propose for `lane` under
+  // `max_drafts`: the flag's and the request's limits; 0 without a model
+  // source or where the request does not speculate.
+  int ModelDraftCap(const Lane& lane, int max_drafts) const;
   double GlobalAcceptance(int rate) const;
 
   const SpeculatorOptions o_;

@@ -45,36 +45,35 @@ DraftRunner::DraftRunner(std::unique_ptr<Backend> draft, int target_blocks, int 
       mtp_(draft_->config().mtp_drafter),
       valid_(static_cast<size_t>(target_blocks), 0) {}
 
+template <class F>
+void DraftRunner::ForEachTargetBlock(const SeqStep& s, int64_t end, F&& f) const {
+  const int64_t bs = draft_->kv_pool().block_size;
+  for (int64_t p = s.start_position; p < end; p = (p / bs + 1) * bs) {
+    const int64_t bi = p / bs;
+    if (bi >= static_cast<int64_t>(s.block_ids.size())) break;
+    const int32_t b = s.block_ids[static_cast<size_t>(bi)];
+    if (b < 0 || b >= target_blocks_) continue;  // scratch
+    f(b, static_cast<int32_t>(p % bs), static_cast<int32_t>(std::min(end - bi * bs, bs)));
+  }
+}
+
 void DraftRunner::TargetWrote(const RoundInput& round) {
   const auto in_pool = [&](int32_t b) { return b >= 0 && b < target_blocks_; };
   for (const BlockCopy& c : round.block_copies) {
     if (in_pool(c.src) && in_pool(c.dst)) valid_[c.dst] = valid_[c.src];
   }
-  const int64_t bs = draft_->kv_pool().block_size;
   for (const SeqStep& s : round.seqs) {
-    const int64_t end = s.start_position + static_cast<int64_t>(s.tokens.size());
-    for (int64_t p = s.start_position; p < end; p = (p / bs + 1) * bs) {
-      const size_t bi = static_cast<size_t>(p / bs);
-      if (bi >= s.block_ids.size()) break;
-      const int32_t b = s.block_ids[bi];
-      if (in_pool(b)) valid_[b] = std::min<int32_t>(valid_[b], static_cast<int32_t>(p % bs));
-    }
+    ForEachTargetBlock(
+        s, s.start_position + static_cast<int64_t>(s.tokens.size()),
+        [&](int32_t b, int32_t lo, int32_t) { valid_[b] = std::min(valid_[b], lo); });
   }
 }
 
 void DraftRunner::DraftFed(const SeqStep& t, int64_t fed) {
-  const int64_t bs = draft_->kv_pool().block_size;
-  const int64_t end = t.start_position + fed;
-  for (int64_t p = t.start_position; p < end; p = (p / bs + 1) * bs) {
-    const int64_t bi = p / bs;
-    if (bi >= static_cast<int64_t>(t.block_ids.size())) break;
-    const int32_t b = t.block_ids[static_cast<size_t>(bi)];
-    if (b < 0 || b >= target_blocks_) continue;  // scratch
+  ForEachTargetBlock(t, t.start_position + fed, [&](int32_t b, int32_t lo, int32_t hi) {
     // Entries after a stale one do not make the block's prefix whole.
-    if (p % bs <= valid_[b]) {
-      valid_[b] = std::max<int32_t>(valid_[b], static_cast<int32_t>(std::min(end - bi * bs, bs)));
-    }
-  }
+    if (lo <= valid_[b]) valid_[b] = std::max(valid_[b], hi);
+  });
 }
 
 int64_t DraftRunner::FirstStale(absl::Span<const int32_t> blocks, int64_t end) const {

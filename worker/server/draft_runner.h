@@ -206,6 +206,11 @@ class DraftRunner {
   // copies first); the draft model wrote `fed` positions of `t` from its
   // start.
   void TargetWrote(const RoundInput& round);
+  // Calls f(block, lo, hi) for each target block (not scratch) of `s`'s
+  // table holding positions [s.start_position, end): they are its
+  // positions [lo, hi).
+  template <class F>
+  void ForEachTargetBlock(const SeqStep& s, int64_t end, F&& f) const;
   void DraftFed(const SeqStep& t, int64_t fed);
 
   std::unique_ptr<Backend> draft_;
