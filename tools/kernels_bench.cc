@@ -24,7 +24,7 @@ struct Weights {
   std::vector<float> scales;
 };
 
-Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
+Weights Make(rw::DType dt, int64_t rows, int64_t cols, float fp8_size = 100.0f) {
   Weights w;
   w.m.dtype = dt;
   w.m.rows = rows;
@@ -42,7 +42,7 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
     uint8_t* p = w.bytes.data() + i * rw::DTypeSize(dt);
     switch (dt) {
       case rw::DType::kFP8E4M3:
-        *p = rw::FloatToFp8E4M3(v * 100.0f);
+        *p = rw::FloatToFp8E4M3(v * fp8_size);
         break;
       case rw::DType::kBF16: {
         uint16_t h = rw::FloatToBf16(v);
@@ -76,15 +76,18 @@ Weights Make(rw::DType dt, int64_t rows, int64_t cols) {
 // FP8 rows in order, in the interleaved groups the worker stores them in
 // (Matrix::interleaved), or those in tiles of 4 rows (Matrix::row_tile, the
 // worker's layout).
+// `fp8_size`: the FP8 values' standard deviation; 0.01 makes most of them
+// subnormal (below 2^-6), which the tiled layout's F32 route multiplies as
+// subnormal floats.
 enum class Layout { kInOrder, kGrouped, kRowTiles };
 void BM_MatMul(benchmark::State& state, rw::DType dt, int64_t rows, bool tiled,
-               Layout layout = Layout::kInOrder) {
+               Layout layout = Layout::kInOrder, float fp8_size = 100.0f) {
   const int M = static_cast<int>(state.range(0));
   // range(1): 0 = the best instruction set here, 1 = AVX2 at most.
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
   state.SetLabel(ringlane::worker::cpu::IsaName(isa));
   const int64_t N = rows, K = 2048;
-  Weights w = Make(dt, N, K);
+  Weights w = Make(dt, N, K, fp8_size);
   if (layout == Layout::kGrouped) {
     const std::vector<uint8_t> plain = w.bytes;
     for (int64_t r = 0; r < N; ++r) rw::InterleaveFp8Row(&plain[r * K], K, &w.bytes[r * K]);
@@ -132,6 +135,10 @@ BENCHMARK_CAPTURE(BM_MatMul, FP8RowTiles, rw::DType::kFP8E4M3, 5632, false, Layo
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_MatMul, FP8RowTilesInL2, rw::DType::kFP8E4M3, 256, false, Layout::kRowTiles)
     ->ArgsProduct({{1, 2, 5, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_MatMul, FP8RowTilesSubnormalInL2, rw::DType::kFP8E4M3, 256, false,
+                  Layout::kRowTiles, 0.01f)
+    ->ArgsProduct({{1, 5}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)
     ->ArgsProduct({{1, 5, 64}, {0, 1}})

@@ -219,10 +219,11 @@ struct Matrix {
   // Bytes between consecutive rows (== cols * DTypeSize(dtype) unless a column slice).
   int64_t row_stride_bytes = 0;
   // FP8 only, set by MakeResident (resident.h): each row's whole groups of 64
-  // columns are stored interleaved, columns [g, g + 32) of a group at its
-  // even bytes and [g + 32, g + 64) at its odd ones, so a vector kernel turns
-  // the group's 64 bytes into 4 x 16 floats in natural order with a few
-  // 16-bit shifts. Columns past the last whole group are stored in order.
+  // columns are stored interleaved, column g + 16p + i of a group at its byte
+  // 4i + p (i < 16, p < 4): 32-bit lane i holds columns i, 16 + i, 32 + i
+  // and 48 + i, so a vector kernel turns the group's 64 bytes into 4 x 16
+  // floats in natural order with a few shifts and masks per 16 and no
+  // conversion instruction. Columns past the last whole group are in order.
   // A column view of such a matrix starts and ends on whole groups.
   bool interleaved = false;
   // Interleaved FP8 only, set by MakeResident: rows in tiles of `row_tile`
@@ -245,7 +246,7 @@ struct Matrix {
   int64_t StoredColumn(int64_t c) const {
     if (!interleaved || c >= (cols & ~int64_t{63})) return c;
     const int64_t j = c & 63;
-    return (c & ~int64_t{63}) * row_tile + (j < 32 ? 2 * j : 2 * (j - 32) + 1);
+    return (c & ~int64_t{63}) * row_tile + 4 * (j & 15) + (j >> 4);
   }
   // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
   // the same memory (block scales still index the whole stored tensor).

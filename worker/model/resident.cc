@@ -132,9 +132,8 @@ bool Interleavable(const Matrix& m) {
 void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst) {
   const int64_t whole = cols & ~int64_t{63};
   for (int64_t g = 0; g < whole; g += 64) {
-    for (int64_t j = 0; j < 32; ++j) {
-      dst[g + 2 * j] = src[g + j];
-      dst[g + 2 * j + 1] = src[g + 32 + j];
+    for (int64_t i = 0; i < 16; ++i) {
+      for (int64_t p = 0; p < 4; ++p) dst[g + 4 * i + p] = src[g + 16 * p + i];
     }
   }
   std::memcpy(dst + whole, src + whole, static_cast<size_t>(cols - whole));

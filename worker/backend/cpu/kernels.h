@@ -135,6 +135,14 @@ namespace internal {
 // FP8 weights as the kernels read them: value / kFp8Rebias, exact (E4M3
 // moves bit for bit into F16 with this factor, see kernels_avx2.cc).
 inline constexpr float kFp8Rebias = 256.0f;
+// Interleaved groups (Matrix::interleaved) convert more cheaply to value *
+// 2^-120, the E4M3 bits moved into an F32 whose exponent bias is 127 instead
+// of 7 (subnormals included): no conversion instruction, which was a quarter
+// of the decode kernel's time. That is value / kFp8Rebias times 2^-112, so
+// the decode kernel multiplies x' by kFp8RawShift instead (exact while
+// |x'| < kFp8RawLimit) and every product, hence every sum, keeps its bits.
+inline constexpr float kFp8RawShift = 0x1p112f;
+inline constexpr float kFp8RawLimit = 65536.0f;  // 2^128 / kFp8RawShift
 // The scalar pieces every instruction-set file shares. Out of line, like
 // Hsum16, so each is the same portable code whoever calls it (an inline
 // function compiled into an AVX-512 file could be the copy the linker keeps).

@@ -46,7 +46,10 @@ struct Avx2 {
       // E4M3 s.eeee.mmm -> F16 s.0eeee.mmm0000000: the same bits with exponent
       // bias 15 instead of 7, so the F16 value is the E4M3 value times 2^-8,
       // subnormals included; F16C converts those at full speed (an F32 route
-      // through subnormal floats measured 2.4x slower). Sign-extending to 16
+      // through subnormal floats once measured 2.4x slower; the interleaved
+      // groups' LoadW64Raw takes that route now, and on the AMD EPYC here
+      // weights 80% subnormal run as fast as normal ones,
+      // ringlane-kernels-bench FP8RowTilesSubnormalInL2). Sign-extending to 16
       // bits and shifting left by 7 leaves the sign in bits 15 and 14; clearing
       // bit 14 gives the F16 pattern. The NaN code 0x7f becomes a finite
       // number; quantizers never emit it.
@@ -58,20 +61,55 @@ struct Avx2 {
     }
   }
 
-  // An interleaved group (Matrix::interleaved), as in kernels_avx512.cc one
-  // 32-byte half at a time: half h holds columns 16h..16h+15 in its low bytes
-  // and 32+16h.. in its high ones.
-  static void LoadW64(const uint8_t* group, Vec out[4]) {
-    const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xbf80));
+  // An interleaved group (Matrix::interleaved) as value * 2^-120, as in
+  // kernels_avx512.cc one 32-byte half at a time: half h holds lanes
+  // 8h..8h+7 of each of the four outputs.
+  static void LoadHalfRaw(const uint8_t* group, int h, __m256 f[4]) {
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(0x87f00000u));
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * h));
+    const __m256i odd = _mm256_srai_epi16(v, 4);
+    const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+    f[0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), keep));
+    f[1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), keep));
+    f[2] = _mm256_castsi256_ps(_mm256_and_si256(even, keep));
+    f[3] = _mm256_castsi256_ps(_mm256_and_si256(odd, keep));
+  }
+  static void LoadW64Raw(const uint8_t* group, Vec out[4]) {
     for (int h = 0; h < 2; ++h) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * h));
-      const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 1), keep);
-      const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(v, 1), keep);
-      out[h] = {_mm256_cvtph_ps(_mm256_castsi256_si128(lo)),
-                _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1))};
-      out[2 + h] = {_mm256_cvtph_ps(_mm256_castsi256_si128(hi)),
-                    _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1))};
+      __m256 f[4];
+      LoadHalfRaw(group, h, f);
+      for (int s = 0; s < 4; ++s) (h == 0 ? out[s].lo : out[s].hi) = f[s];
     }
+  }
+  // Half by half in the decode kernel: each half feeds only its own lanes'
+  // accumulators, so it holds 4 registers of weights where LoadW64Raw's 8
+  // would leave too few of the 16 for a 5-row tile's 10 accumulators.
+  using Part = __m256;
+  static constexpr int kGroupParts = 2;
+  template <int h>
+  static void LoadW64RawPart(const uint8_t* group, Part out[4]) {
+    LoadHalfRaw(group, h, out);
+  }
+  template <int h>
+  static void FmaPart(Part w, const float* x, Vec& acc) {
+    __m256& a = h == 0 ? acc.lo : acc.hi;
+    a = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * h), a);
+  }
+  static void LoadW64(const uint8_t* group, Vec out[4]) {
+    LoadW64Raw(group, out);
+    const __m256 shift = _mm256_set1_ps(kFp8RawShift);
+    for (int s = 0; s < 4; ++s)
+      out[s] = {_mm256_mul_ps(out[s].lo, shift), _mm256_mul_ps(out[s].hi, shift)};
+  }
+  static Vec MaxAbs(Vec m, Vec v) {
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    return {_mm256_max_ps(m.lo, _mm256_and_ps(v.lo, mag)),
+            _mm256_max_ps(m.hi, _mm256_and_ps(v.hi, mag))};
+  }
+  static float HMax(Vec m) {
+    alignas(32) float a[8];
+    _mm256_store_ps(a, _mm256_max_ps(m.lo, m.hi));
+    return *std::max_element(a, a + 8);
   }
 
   // Two registers per accumulator: tiles of at most 12 registers.

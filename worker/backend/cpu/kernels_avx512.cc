@@ -40,23 +40,43 @@ struct Avx512 {
     }
   }
 
-  // An interleaved group (Matrix::interleaved): 16-bit lane j holds column j
-  // in its low byte and column 32 + j in its high byte. The high byte is in
-  // place after an arithmetic shift right by 1 (the sign lands in bits 15
-  // and 14, E4M3's exponent and mantissa under F16's), the low byte after a
-  // shift left by 8 first; clearing bit 14 and the bits below the mantissa
-  // gives the F16 pattern of LoadW. 5 integer operations per 64 weights where
-  // LoadW takes 3 per 16, on the ports the conversions and FMAs need.
-  static void LoadW64(const uint8_t* group, Vec out[4]) {
+  // An interleaved group (Matrix::interleaved) as value * 2^-120
+  // (kFp8RawShift): 32-bit lane i holds columns i, 16 + i, 32 + i, 48 + i in
+  // its bytes 0..3. An arithmetic shift right by 4 of a 16-bit lane puts its
+  // high byte's sign in bits 15..11 and the exponent and mantissa in bits
+  // 10..4, which in the high half of a 32-bit lane are F32's sign, low
+  // exponent bits and top mantissa bits; the low halves move up by 16 and the
+  // low bytes up by 8 first, and a mask keeps those bits. 6 shifts and 4 ands
+  // per 64 weights on the simple integer ports, where the F16 route took
+  // 4 conversions of two uops each plus 7 operations.
+  static void LoadW64Raw(const uint8_t* group, Vec out[4]) {
     const __m512i v = _mm512_loadu_si512(group);
-    const __m512i keep = _mm512_set1_epi16(static_cast<short>(0xbf80));
-    const __m512i lo = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 1), keep);
-    const __m512i hi = _mm512_and_si512(_mm512_srai_epi16(v, 1), keep);
-    out[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
-    out[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(lo, 1));
-    out[2] = _mm512_cvtph_ps(_mm512_castsi512_si256(hi));
-    out[3] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(hi, 1));
+    const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x87f00000u));
+    const __m512i odd = _mm512_srai_epi16(v, 4);                         // bytes 1, 3
+    const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4);  // bytes 0, 2
+    out[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep));
+    out[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep));
+    out[2] = _mm512_castsi512_ps(_mm512_and_si512(even, keep));
+    out[3] = _mm512_castsi512_ps(_mm512_and_si512(odd, keep));
   }
+  // As LoadW yields them (value / kFp8Rebias): exact, a power of two.
+  static void LoadW64(const uint8_t* group, Vec out[4]) {
+    LoadW64Raw(group, out);
+    for (int s = 0; s < 4; ++s) out[s] = _mm512_mul_ps(out[s], _mm512_set1_ps(kFp8RawShift));
+  }
+  using Part = Vec;
+  static constexpr int kGroupParts = 1;
+  template <int>
+  static void LoadW64RawPart(const uint8_t* group, Part out[4]) {
+    LoadW64Raw(group, out);
+  }
+  template <int>
+  static void FmaPart(Part w, const float* x, Vec& acc) {
+    acc = Fma(w, LoadF(x), acc);
+  }
+  // The largest |v| of a tile of x', to choose the raw route.
+  static Vec MaxAbs(Vec m, Vec v) { return _mm512_max_ps(m, _mm512_abs_ps(v)); }
+  static float HMax(Vec m) { return _mm512_reduce_max_ps(m); }
 
   // 32 registers: tiles of up to 20 accumulators. Four weight rows for a
   // batch of 5 too, not 3: measured 1.2-1.4x on the engine's batch of 5

@@ -17,6 +17,15 @@
 //                                one interleaved FP8 group (Matrix::interleaved):
 //                                its 64 columns converted as LoadW would, in
 //                                order, 16 per Vec
+//   void LoadW64Raw(const uint8_t* group, Vec out[4])
+//                                the same times 2^-112 (kFp8RawShift), cheaper
+//   Part, kGroupParts (1 or 2), LoadW64RawPart<part>(group, Part out[4]),
+//   FmaPart<part>(Part w, const float* x, Vec& acc)
+//                                LoadW64Raw and Fma in kGroupParts slices of
+//                                lanes (Part holds one slice of a Vec; x
+//                                points at the Vec's lane 0)
+//   Vec MaxAbs(Vec m, Vec v); float HMax(Vec m)
+//                                lane-wise max of m and |v|; the largest lane
 //   Vec Fma(Vec w, Vec x, Vec acc)  lane-wise fused multiply-add
 //   void Store(Vec v, float* p)
 //   constexpr int NrFor(int mr)  weight rows per in-register tile of mr rows
@@ -56,7 +65,9 @@ inline float Finish(float* a, const Matrix& w, const uint8_t* row, const float* 
 
 // MR rows of x against NR consecutive weight rows starting at n, converting
 // the weights in registers.
-template <class V, DType D, int MR, int NR>
+// kRaw: interleaved FP8 groups read by LoadW64Raw, against x' times
+// kFp8RawShift (the caller's); the products are those of LoadW64 and x'.
+template <class V, DType D, int MR, int NR, bool kRaw>
 void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, float* y,
                      int64_t ldy) {
   const int64_t K = w.cols;
@@ -87,11 +98,26 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
       for (int64_t K64 = K & ~int64_t{63}, at = 0; k < K64; k += 64, at += step) {
         for (int j = 0; j < NR; ++j) __builtin_prefetch(next[j] + at);
         for (int j = 0; j < NR; ++j) {
-          typename V::Vec wv[4];
-          V::LoadW64(rows[j] + at, wv);
-          for (int s = 0; s < 4; ++s) {
-            for (int m = 0; m < MR; ++m) {
-              acc[m][j] = V::Fma(wv[s], V::LoadF(x + m * ldx + k + 16 * s), acc[m][j]);
+          if constexpr (kRaw) {
+            // Parts as constants, so each accumulator half stays a register.
+            auto part_of_group = [&](auto part) {
+              typename V::Part wv[4];
+              V::template LoadW64RawPart<part()>(rows[j] + at, wv);
+              for (int s = 0; s < 4; ++s) {
+                for (int m = 0; m < MR; ++m) {
+                  V::template FmaPart<part()>(wv[s], x + m * ldx + k + 16 * s, acc[m][j]);
+                }
+              }
+            };
+            part_of_group(std::integral_constant<int, 0>{});
+            if constexpr (V::kGroupParts == 2) part_of_group(std::integral_constant<int, 1>{});
+          } else {
+            typename V::Vec wv[4];
+            V::LoadW64(rows[j] + at, wv);
+            for (int s = 0; s < 4; ++s) {
+              for (int m = 0; m < MR; ++m) {
+                acc[m][j] = V::Fma(wv[s], V::LoadF(x + m * ldx + k + 16 * s), acc[m][j]);
+              }
             }
           }
         }
@@ -215,40 +241,40 @@ void DequantRows(const Matrix& w, int64_t r0, int64_t n, float* out, int64_t ldo
   for (int64_t j = 0; j < n; ++j) DequantRowTyped<V, D, false>(w, r0 + j, out + j * ldo, k_done);
 }
 
-template <class V, DType D, int MR>
+template <class V, DType D, int MR, bool kRaw>
 void RowsInRegisters(const Matrix& w, const float* x, int64_t ldx, float* y, int64_t ldy,
                      int64_t n0, int64_t n1) {
   constexpr int NR = V::NrFor(MR);
   int64_t n = n0;
-  for (; n + NR <= n1; n += NR) TileInRegisters<V, D, MR, NR>(w, n, x, ldx, y, ldy);
-  for (; n < n1; ++n) TileInRegisters<V, D, MR, 1>(w, n, x, ldx, y, ldy);
+  for (; n + NR <= n1; n += NR) TileInRegisters<V, D, MR, NR, kRaw>(w, n, x, ldx, y, ldy);
+  for (; n < n1; ++n) TileInRegisters<V, D, MR, 1, kRaw>(w, n, x, ldx, y, ldy);
 }
 
 // Up to 6 rows in one tile, so each weight is converted once per step for the
 // usual decode batches; beyond that, tiles of 4.
-template <class V, DType D>
+template <class V, DType D, bool kRaw = false>
 void InRegisters(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                  int64_t n0, int64_t n1) {
   int m = 0;
   if (M > 6) {
     for (; M - m > 6; m += 4)
-      RowsInRegisters<V, D, 4>(w, x + m * ldx, ldx, y + m * ldy, ldy, n0, n1);
+      RowsInRegisters<V, D, 4, kRaw>(w, x + m * ldx, ldx, y + m * ldy, ldy, n0, n1);
   }
   const float* xm = x + m * ldx;
   float* ym = y + m * ldy;
   switch (M - m) {
     case 6:
-      return RowsInRegisters<V, D, 6>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 6, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     case 5:
-      return RowsInRegisters<V, D, 5>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 5, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     case 4:
-      return RowsInRegisters<V, D, 4>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 4, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     case 3:
-      return RowsInRegisters<V, D, 3>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 3, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     case 2:
-      return RowsInRegisters<V, D, 2>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 2, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     case 1:
-      return RowsInRegisters<V, D, 1>(w, xm, ldx, ym, ldy, n0, n1);
+      return RowsInRegisters<V, D, 1, kRaw>(w, xm, ldx, ym, ldy, n0, n1);
     default:
       return;
   }
@@ -346,11 +372,36 @@ inline void FinishPanel(float* accs, const float* panel, int64_t ldp, int64_t ro
 // (col_offset % 16 == 0). Row by row, so x and x' are read and written in
 // one stream each: block by block over the rows jumped a row every 512
 // bytes, and this loop was half the panel path's own time in a profile.
-template <class V>
-void ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
+// kShift: x' times kFp8RawShift for LoadW64Raw (K a multiple of 16), where
+// every |x'| < kFp8RawLimit keeps that exact; returns whether they did (if
+// not, the tile is x' * kFp8RawShift with some values wrong: scale it again
+// without; the plain variant returns false). One pass: a separate pass to
+// shift x' was 3% of a decode profile.
+template <class V, bool kShift = false>
+bool ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
                int64_t ldxs) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
+  if constexpr (kShift) {
+    typename V::Vec big = V::Zero();
+    const typename V::Scale shift = V::SetScale(kFp8RawShift);
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx;
+      float* o = xs + m * ldxs;
+      for (int64_t k0 = 0; k0 < K;) {
+        const int64_t k1 = Fp8BlockEnd(w.col_offset, k0, K);
+        const typename V::Scale vs = V::SetScale(w.ScaleAt(r, k0) * kFp8Rebias);
+        for (int64_t k = k0; k < k1; k += 16) {
+          const typename V::Vec v = V::Mul(V::LoadF(xm + k), vs);
+          big = V::MaxAbs(big, v);
+          V::Store(V::Mul(v, shift), o + k);
+        }
+        k0 = k1;
+      }
+    }
+    // Not `>=`: a NaN goes the plain way too.
+    return V::HMax(big) < kFp8RawLimit;
+  }
   for (int m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
     float* o = xs + m * ldxs;
@@ -365,6 +416,7 @@ void ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, f
       k0 = k1;
     }
   }
+  return false;
 }
 
 // Input rows per tile of the panel path: x and x' of a tile (64 x K floats
@@ -455,10 +507,17 @@ void InRegistersFromX(const Matrix& w, const float* x, int64_t ldx, int M, float
     const int64_t ldxs = SpreadStride(w.cols);
     thread_local AlignedFloats xs;
     if (xs.size() < static_cast<size_t>(M * ldxs)) xs.resize(M * ldxs);
+    // Rows of whole interleaved groups only: LoadW's columns would meet
+    // x' * kFp8RawShift.
+    const bool raw_groups = w.interleaved && w.cols % 64 == 0;
     for (int64_t a = n0; a < n1;) {
       const int64_t b = Fp8BlockEnd(w.row_offset, a, n1);
-      ScaleTile<V>(w, a, x, ldx, M, xs.data(), ldxs);
-      InRegisters<V, D>(w, xs.data(), ldxs, M, y, ldy, a, b);
+      if (raw_groups && ScaleTile<V, true>(w, a, x, ldx, M, xs.data(), ldxs)) {
+        InRegisters<V, D, true>(w, xs.data(), ldxs, M, y, ldy, a, b);
+      } else {
+        ScaleTile<V>(w, a, x, ldx, M, xs.data(), ldxs);
+        InRegisters<V, D>(w, xs.data(), ldxs, M, y, ldy, a, b);
+      }
       a = b;
     }
   }

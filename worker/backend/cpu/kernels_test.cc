@@ -396,6 +396,48 @@ TEST(MatMulFp8, RowTilesSumAsRowsInOrder) {
   }
 }
 
+// The decode kernel reads tiled rows as value * 2^-120 against x' * 2^112
+// (kFp8RawShift), which needs x' * 2^112 to stay finite: activations of every
+// size, x' subnormal, near the edge, past it in one value of a block, and
+// past it everywhere, give the bits of the rows in order on every path.
+TEST(MatMulFp8, RowTilesSumAsRowsInOrderForActivationsOfEverySize) {
+  const int64_t N = 140, K = 4 * 64, T = kResidentRowTile;
+  TestMatrix plain = MakeMatrix(DType::kFP8E4M3, N, K, 47);
+  FillEveryCode(&plain, 9);
+  std::vector<uint8_t> tiled(N * K, 0);
+  WriteFp8Tiles(plain.m, T, tiled.data());
+  Matrix tm = plain.m;
+  tm.data = tiled.data();
+  tm.interleaved = true;
+  tm.row_tile = T;
+  // x' is about 2x here (block scales near 2^-7, times 256), so 65536 is
+  // crossed near x = 3e4.
+  for (const float size : {1e-41f, 1e-30f, 1.0f, 2e4f, 3.2e4f, 1e6f, 1e30f}) {
+    for (const bool one_outlier : {false, true}) {
+      const int M = 5;
+      std::vector<float> x = RandomX(M, K, 17);
+      if (one_outlier) {
+        x[3 * K + 200] *= size;
+      } else {
+        for (float& v : x) v *= size;
+      }
+      std::vector<float> want(M * N);
+      internal::MatMulRangeScalar(plain.m, x.data(), K, M, want.data(), N, 0, N);
+      for (Isa isa : SupportedIsas()) {
+        for (int m = 1; m <= M; ++m) {
+          for (int path = 1; path <= 2; ++path) {
+            std::vector<float> y(m * N, -1.0f);
+            MatMulRange(tm, x.data(), K, m, y.data(), N, 0, N, isa, path);
+            ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + m * N)))
+                << IsaName(isa) << " size=" << size << " outlier=" << one_outlier << " M=" << m
+                << " path=" << path;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The FP8 sum of kernels.h written out: x' = x * (block scale * 256) rounded
 // once, w' = value / 256, fused multiply-adds into lane k % 16 in increasing
 // k, the tail into lane k - K16, then the fixed tree. Rows 120..135 cross a
