@@ -5,7 +5,11 @@
 //   build/tools/ringlane-kernels-bench --benchmark_filter=FP8
 //   build/tools/ringlane-kernels-bench --benchmark_filter=Attend
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -146,6 +150,77 @@ BENCHMARK_CAPTURE(BM_MatMul, BF16, rw::DType::kBF16, 5632, false)
 BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632, false)
     ->ArgsProduct({{1, 64}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+
+// The decode kernel streaming a matrix no cache holds (256 MB of FP8 in
+// row tiles, on 2 MiB pages as the worker's), with a plain read of the same
+// buffer timed in the same run for the roofline: counters read_GB/s and
+// of_read (the kernel's bytes per second over the read's).
+uint8_t* HugeBuffer(size_t bytes) {
+  const size_t huge = size_t{2} << 20;
+  const size_t alloc = (bytes + huge - 1) / huge * huge;
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
+  if (p == nullptr) std::abort();
+#ifdef MADV_HUGEPAGE
+  ::madvise(p, alloc, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+double ReadSeconds(const uint8_t* p, size_t bytes) {
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t acc[8] = {};
+  const auto* q = reinterpret_cast<const uint64_t*>(p);
+  for (size_t i = 0; i + 8 <= bytes / 8; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += q[i + l];
+  }
+  benchmark::DoNotOptimize(acc);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void BM_MatMulDram(benchmark::State& state) {
+  const int M = static_cast<int>(state.range(0));
+  const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
+  state.SetLabel(ringlane::worker::cpu::IsaName(isa));
+  const int64_t N = 131072, K = 2048;
+  const size_t bytes = static_cast<size_t>(N * K);
+  // Codes from a table of quantized Gaussians (drawing 268M normals would
+  // take most of the run), at shifting offsets.
+  std::vector<uint8_t> table(65537);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& c : table) c = rw::FloatToFp8E4M3(g(rng) * 100.0f);
+  uint8_t* w = HugeBuffer(bytes);
+  for (size_t i = 0; i < bytes; i += 65536) {
+    std::memcpy(w + i, table.data() + (i / 65536) % 7, std::min<size_t>(65536, bytes - i));
+  }
+  rw::Matrix m;
+  m.dtype = rw::DType::kFP8E4M3;
+  m.rows = N;
+  m.cols = K;
+  m.row_stride_bytes = K;
+  m.interleaved = true;
+  m.row_tile = rw::kResidentRowTile;
+  m.data = w;
+  std::vector<float> scales(((N + 127) / 128) * ((K + 127) / 128), 0.01f);
+  m.scale = scales.data();
+  m.scale_cols = (K + 127) / 128;
+  rw::AlignedFloats x(M * K, 0.5f), y(M * N);
+  double read_s = 0, kernel_s = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    ringlane::worker::cpu::MatMulRange(m, x.data(), K, M, y.data(), N, 0, N, isa);
+    benchmark::DoNotOptimize(y.data());
+    kernel_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.PauseTiming();
+    read_s += ReadSeconds(w, bytes);
+    state.ResumeTiming();
+  }
+  std::free(w);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  state.counters["read_GB/s"] = static_cast<double>(bytes) * state.iterations() / read_s / 1e9;
+  state.counters["of_read"] = read_s / kernel_s;
+}
+BENCHMARK(BM_MatMulDram)->Args({1, 0})->Args({5, 0})->Args({1, 1})->Unit(benchmark::kMillisecond);
 
 // One query row of one head against `context` positions (args: head_dim,
 // context), on the machine's best instruction set: context positions per

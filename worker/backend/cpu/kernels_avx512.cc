@@ -81,8 +81,11 @@ struct Avx512 {
   // 32 registers: tiles of up to 20 accumulators. Four weight rows for a
   // batch of 5 too, not 3: measured 1.2-1.4x on the engine's batch of 5
   // (a 4-row tile is one stream of Matrix::row_tile, and rows in order
-  // gained as much).
-  static constexpr int NrFor(int mr) { return mr <= 5 ? 4 : 3; }
+  // gained as much). One row of x takes 8 weight rows, two row tiles: its 4
+  // FMA chains per tile were the limit in L2 (38 GB/s), and 8 chains with two
+  // streams took more of a plain read from DRAM (BM_MatMulDram/1/0, 0.75 ->
+  // 0.80 of it, 3 alternating runs) though 0.9x in L2.
+  static constexpr int NrFor(int mr) { return mr == 1 ? 8 : (mr <= 5 ? 4 : 3); }
   static constexpr int kPanelMR = 6;
   static constexpr int kPanelNR = 4;
 };
