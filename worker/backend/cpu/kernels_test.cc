@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -274,21 +275,30 @@ TEST(MatMulFp8, EveryCodeOnEveryPath) {
 // `stored` (the N x K FP8 rows of `plain` in another layout) against
 // `plain` on every path: MatMulRange for every instruction set, 1..13 rows
 // of x and each path, and DequantRow of every row; equal bits throughout.
-void ExpectSumsAsRowsInOrder(const Matrix& stored, const Matrix& plain, uint32_t seed) {
+// MatMulRange on `stored` for the first 1..max_m rows of x, on every
+// instruction set and path, gives the scalar path's bits on `plain`.
+void ExpectEveryPathAsScalar(const Matrix& stored, const Matrix& plain, const std::vector<float>& x,
+                             int max_m, const std::string& what) {
   const int64_t N = plain.rows, K = plain.cols;
-  const int kMaxM = 13;
-  std::vector<float> x = RandomX(kMaxM, K, seed);
-  std::vector<float> want(kMaxM * N);
-  internal::MatMulRangeScalar(plain, x.data(), K, kMaxM, want.data(), N, 0, N);
+  std::vector<float> want(max_m * N);
+  internal::MatMulRangeScalar(plain, x.data(), K, max_m, want.data(), N, 0, N);
   for (Isa isa : SupportedIsas()) {
-    for (int M = 1; M <= kMaxM; ++M) {
+    for (int M = 1; M <= max_m; ++M) {
       for (int path = 0; path <= 2; ++path) {
         std::vector<float> y(M * N, -1.0f);
         MatMulRange(stored, x.data(), K, M, y.data(), N, 0, N, isa, path);
         ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + M * N)))
-            << IsaName(isa) << " M=" << M << " path=" << path;
+            << IsaName(isa) << what << " M=" << M << " path=" << path;
       }
     }
+  }
+}
+
+void ExpectSumsAsRowsInOrder(const Matrix& stored, const Matrix& plain, uint32_t seed) {
+  const int64_t N = plain.rows, K = plain.cols;
+  const int kMaxM = 13;
+  ExpectEveryPathAsScalar(stored, plain, RandomX(kMaxM, K, seed), kMaxM, "");
+  for (Isa isa : SupportedIsas()) {
     for (int64_t r = 0; r < N; ++r) {
       std::vector<float> a(K), b(K);
       DequantRow(stored, r, a.data(), isa);
@@ -410,8 +420,8 @@ TEST(MatMulFp8, RowTilesSumAsRowsInOrderForActivationsOfEverySize) {
   tm.data = tiled.data();
   tm.interleaved = true;
   tm.row_tile = T;
-  // x' is about 2x here (block scales near 2^-7, times 256), so 65536 is
-  // crossed near x = 3e4.
+  // x' is 2x to 8.4x here (block scales 2^-7 to 2.1 * 2^-7, times 256), so
+  // 65536 is crossed between x = 8e3 and 3.3e4.
   for (const float size : {1e-41f, 1e-30f, 1.0f, 2e4f, 3.2e4f, 1e6f, 1e30f}) {
     for (const bool one_outlier : {false, true}) {
       const int M = 5;
@@ -421,19 +431,9 @@ TEST(MatMulFp8, RowTilesSumAsRowsInOrderForActivationsOfEverySize) {
       } else {
         for (float& v : x) v *= size;
       }
-      std::vector<float> want(M * N);
-      internal::MatMulRangeScalar(plain.m, x.data(), K, M, want.data(), N, 0, N);
-      for (Isa isa : SupportedIsas()) {
-        for (int m = 1; m <= M; ++m) {
-          for (int path = 1; path <= 2; ++path) {
-            std::vector<float> y(m * N, -1.0f);
-            MatMulRange(tm, x.data(), K, m, y.data(), N, 0, N, isa, path);
-            ASSERT_TRUE(SameBits(y, std::vector<float>(want.begin(), want.begin() + m * N)))
-                << IsaName(isa) << " size=" << size << " outlier=" << one_outlier << " M=" << m
-                << " path=" << path;
-          }
-        }
-      }
+      ExpectEveryPathAsScalar(
+          tm, plain.m, x, M,
+          " size=" + std::to_string(size) + " outlier=" + std::to_string(one_outlier));
     }
   }
 }
