@@ -382,26 +382,8 @@ bool ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, f
                int64_t ldxs) {
   const int64_t K = w.cols;
   const int64_t K16 = K & ~int64_t{15};
-  if constexpr (kShift) {
-    typename V::Vec big = V::Zero();
-    const typename V::Scale shift = V::SetScale(kFp8RawShift);
-    for (int m = 0; m < M; ++m) {
-      const float* xm = x + m * ldx;
-      float* o = xs + m * ldxs;
-      for (int64_t k0 = 0; k0 < K;) {
-        const int64_t k1 = Fp8BlockEnd(w.col_offset, k0, K);
-        const typename V::Scale vs = V::SetScale(w.ScaleAt(r, k0) * kFp8Rebias);
-        for (int64_t k = k0; k < k1; k += 16) {
-          const typename V::Vec v = V::Mul(V::LoadF(xm + k), vs);
-          big = V::MaxAbs(big, v);
-          V::Store(V::Mul(v, shift), o + k);
-        }
-        k0 = k1;
-      }
-    }
-    // Not `>=`: a NaN goes the plain way too.
-    return V::HMax(big) < kFp8RawLimit;
-  }
+  typename V::Vec big = V::Zero();
+  const typename V::Scale shift = V::SetScale(kFp8RawShift);
   for (int m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
     float* o = xs + m * ldxs;
@@ -411,12 +393,20 @@ bool ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, f
       const typename V::Scale vs = V::SetScale(s);
       const int64_t v1 = std::min(k1, K16);
       int64_t k = k0;
-      for (; k < v1; k += 16) V::Store(V::Mul(V::LoadF(xm + k), vs), o + k);
-      for (; k < k1; ++k) o[k] = xm[k] * s;
+      for (; k < v1; k += 16) {
+        typename V::Vec v = V::Mul(V::LoadF(xm + k), vs);
+        if constexpr (kShift) {
+          big = V::MaxAbs(big, v);
+          v = V::Mul(v, shift);
+        }
+        V::Store(v, o + k);
+      }
+      for (; k < k1; ++k) o[k] = xm[k] * s;  // never with kShift (K % 16 == 0)
       k0 = k1;
     }
   }
-  return false;
+  // Not `>=`: a NaN goes the plain way too.
+  return kShift && V::HMax(big) < kFp8RawLimit;
 }
 
 // Input rows per tile of the panel path: x and x' of a tile (64 x K floats
