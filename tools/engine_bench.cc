@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "tools/read_roofline.h"
 #include "worker/backend/backend.h"
 #include "worker/backend/cpu/kernels.h"
 #include "worker/model/model.h"
@@ -92,20 +93,6 @@ double RunThreads(int threads, Fn fn) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) float ReadKernel(const float* p, size_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i + 32 <= n; i += 32) {
-    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
-    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
-    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
-    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
-  }
-  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  alignas(32) float o[8];
-  _mm256_store_ps(o, s);
-  return o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7];
-}
-
 // 12 independent FMA chains: enough to cover latency x throughput on current
 // x86 cores. Returns FMAs (8 lanes each) performed.
 __attribute__((target("avx2,fma"))) float FmaKernel(int64_t iters) {
@@ -137,11 +124,6 @@ __attribute__((target("avx512f"))) float FmaKernel512(int64_t iters) {
   return o[0] + o[15];
 }
 #else
-float ReadKernel(const float* p, size_t n) {
-  float s = 0;
-  for (size_t i = 0; i < n; ++i) s += p[i];
-  return s;
-}
 float FmaKernel(int64_t iters) { return 0.0f; }
 float FmaKernel512(int64_t iters) { return 0.0f; }
 #endif
@@ -149,23 +131,15 @@ float FmaKernel512(int64_t iters) { return 0.0f; }
 // Read bandwidth in GB/s (1e9 bytes), best of several passes.
 double MeasureBandwidth(int threads, size_t bytes) {
   const size_t n = bytes / sizeof(float);
-  // On 2 MiB pages where the kernel offers them, as the engine's weights are
-  // (--huge_page_weights): the roofline is what the memory can stream, not
-  // what 4 KiB pages' TLB misses leave of it.
-  const size_t huge = size_t{2} << 20;
-  const size_t alloc = (n * sizeof(float) + huge - 1) / huge * huge;
-  float* buf = static_cast<float*>(std::aligned_alloc(huge, alloc));
+  float* buf = static_cast<float*>(ringlane::tools::AllocHuge(n * sizeof(float)));
   if (buf == nullptr) Die("cannot allocate the bandwidth buffer");
-#ifdef MADV_HUGEPAGE
-  ::madvise(buf, alloc, MADV_HUGEPAGE);
-#endif
   for (size_t i = 0; i < n; ++i) buf[i] = 1.0f;
   double best = 0;
   std::atomic<float> sink{0};
   for (int pass = 0; pass < 5; ++pass) {
     double s = RunThreads(threads, [&](int t) {
       size_t per = (n / threads) & ~size_t{31};
-      sink.store(sink.load() + ReadKernel(buf + t * per, per));
+      sink.store(sink.load() + ringlane::tools::ReadKernel(buf + t * per, per));
     });
     best = std::max(best, static_cast<double>(n / threads * threads) * 4 / s / 1e9);
   }

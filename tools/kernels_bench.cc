@@ -5,7 +5,6 @@
 //   build/tools/ringlane-kernels-bench --benchmark_filter=FP8
 //   build/tools/ringlane-kernels-bench --benchmark_filter=Attend
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "tools/read_roofline.h"
 #include "worker/aligned.h"
 #include "worker/backend/cpu/kernels.h"
 #include "worker/model/resident.h"
@@ -152,31 +152,10 @@ BENCHMARK_CAPTURE(BM_MatMul, F32, rw::DType::kF32, 5632, false)
     ->Unit(benchmark::kMillisecond);
 
 // The decode kernel streaming a matrix no cache holds (256 MB of FP8 in
-// row tiles, on 2 MiB pages as the worker's), with a plain read of the same
-// buffer timed in the same run for the roofline: counters read_GB/s and
-// of_read (the kernel's bytes per second over the read's).
-uint8_t* HugeBuffer(size_t bytes) {
-  const size_t huge = size_t{2} << 20;
-  const size_t alloc = (bytes + huge - 1) / huge * huge;
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
-  if (p == nullptr) std::abort();
-#ifdef MADV_HUGEPAGE
-  ::madvise(p, alloc, MADV_HUGEPAGE);
-#endif
-  return p;
-}
-
-double ReadSeconds(const uint8_t* p, size_t bytes) {
-  const auto start = std::chrono::steady_clock::now();
-  uint64_t acc[8] = {};
-  const auto* q = reinterpret_cast<const uint64_t*>(p);
-  for (size_t i = 0; i + 8 <= bytes / 8; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += q[i + l];
-  }
-  benchmark::DoNotOptimize(acc);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
+// row tiles, on 2 MiB pages as the worker's), with a plain read of as many
+// bytes (the engine bench's roofline, tools/read_roofline.h) timed in every
+// iteration: counters read_GB/s and of_read (the kernel's bytes per second
+// over the read's).
 void BM_MatMulDram(benchmark::State& state) {
   const int M = static_cast<int>(state.range(0));
   const auto isa = ringlane::worker::cpu::DetectIsa(state.range(1) == 0);
@@ -189,7 +168,15 @@ void BM_MatMulDram(benchmark::State& state) {
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.0f, 1.0f);
   for (auto& c : table) c = rw::FloatToFp8E4M3(g(rng) * 100.0f);
-  uint8_t* w = HugeBuffer(bytes);
+  auto* w = static_cast<uint8_t*>(ringlane::tools::AllocHuge(bytes));
+  // The roofline's own buffer and kernel (engine bench's): the FP8 bytes read
+  // as floats would hold subnormals and NaNs.
+  auto* plain = static_cast<float*>(ringlane::tools::AllocHuge(bytes));
+  if (w == nullptr || plain == nullptr) {
+    state.SkipWithError("out of memory");
+    return;
+  }
+  for (size_t i = 0; i < bytes / 4; ++i) plain[i] = 1.0f;
   for (size_t i = 0; i < bytes; i += 65536) {
     std::memcpy(w + i, table.data() + (i / 65536) % 7, std::min<size_t>(65536, bytes - i));
   }
@@ -212,10 +199,13 @@ void BM_MatMulDram(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
     kernel_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.PauseTiming();
-    read_s += ReadSeconds(w, bytes);
+    const auto r0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(ringlane::tools::ReadKernel(plain, bytes / 4));
+    read_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
     state.ResumeTiming();
   }
   std::free(w);
+  std::free(plain);
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
   state.counters["read_GB/s"] = static_cast<double>(bytes) * state.iterations() / read_s / 1e9;
   state.counters["of_read"] = read_s / kernel_s;
