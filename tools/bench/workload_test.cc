@@ -77,9 +77,9 @@ TEST(ShippedWorkloadsTest, Shapes) {
   ASSERT_TRUE(agentic.ok());
   EXPECT_EQ(agentic->stages[0].mode, StageMode::kAgentic);
   EXPECT_EQ(agentic->stages[0].distinct_prompts, 5);
-  // Both levels have a first pass and two repeat passes.
-  EXPECT_EQ(agentic->stages[0].RequestsAt(1), 15);
-  EXPECT_EQ(agentic->stages[0].RequestsAt(5), 15);
+  // Both levels have a first pass and eleven repeat passes.
+  EXPECT_EQ(agentic->stages[0].RequestsAt(1), 60);
+  EXPECT_EQ(agentic->stages[0].RequestsAt(5), 60);
 }
 
 TEST(ParseWorkloadTest, CopyAndAgenticFields) {
