@@ -137,17 +137,13 @@ bool VectorKernel(const Matrix& w, const float* x, int64_t ldx, int M, float* y,
 // the scalar path's, ScaleTile (kernels_simd.h) the vector kernels'.
 void ScaleActivations(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, float* xs,
                       int64_t ldxs) {
-  const int64_t K = w.cols;
-  for (int64_t k0 = 0; k0 < K;) {
-    const int64_t k1 = internal::Fp8BlockEnd(w.col_offset, k0, K);
-    const float s = w.ScaleAt(r, k0) * internal::kFp8Rebias;
+  internal::ForEachFp8ColumnBlock(w, r, [&](int64_t k0, int64_t k1, float s) {
     for (int m = 0; m < M; ++m) {
       const float* xm = x + m * ldx;
       float* o = xs + m * ldxs;
       for (int64_t k = k0; k < k1; ++k) o[k] = xm[k] * s;
     }
-    k0 = k1;
-  }
+  });
 }
 
 void ScaledRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,

@@ -149,6 +149,17 @@ inline constexpr float kFp8RawLimit = 65536.0f;  // 2^128 / kFp8RawShift
 // End of the FP8 scale block (kFp8BlockSize rows or columns) holding index i
 // of a view that starts `offset` into the full matrix, at most `limit`.
 int64_t Fp8BlockEnd(int64_t offset, int64_t i, int64_t limit);
+// Each FP8 scale block of columns [0, w.cols) of row r, in order: f(k0, k1,
+// s), s the block's scale times kFp8Rebias (the factor x' takes; a power of
+// two apart from the scale, so the same bits in every file).
+template <class F>
+void ForEachFp8ColumnBlock(const Matrix& w, int64_t r, F&& f) {
+  for (int64_t k0 = 0; k0 < w.cols;) {
+    const int64_t k1 = Fp8BlockEnd(w.col_offset, k0, w.cols);
+    f(k0, k1, w.ScaleAt(r, k0) * kFp8Rebias);
+    k0 = k1;
+  }
+}
 // One weight as every matmul path multiplies it: FP8 unscaled (value /
 // kFp8Rebias, exact; the scale is on x), other types as stored.
 float KernelWeight(const Matrix& w, const uint8_t* row, int64_t c);

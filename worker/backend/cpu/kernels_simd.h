@@ -387,9 +387,7 @@ bool ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, f
   for (int m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
     float* o = xs + m * ldxs;
-    for (int64_t k0 = 0; k0 < K;) {
-      const int64_t k1 = Fp8BlockEnd(w.col_offset, k0, K);
-      const float s = w.ScaleAt(r, k0) * kFp8Rebias;
+    ForEachFp8ColumnBlock(w, r, [&](int64_t k0, int64_t k1, float s) {
       const typename V::Scale vs = V::SetScale(s);
       const int64_t v1 = std::min(k1, K16);
       int64_t k = k0;
@@ -402,8 +400,7 @@ bool ScaleTile(const Matrix& w, int64_t r, const float* x, int64_t ldx, int M, f
         V::Store(v, o + k);
       }
       for (; k < k1; ++k) o[k] = xm[k] * s;  // never with kShift (K % 16 == 0)
-      k0 = k1;
-    }
+    });
   }
   // Not `>=`: a NaN goes the plain way too.
   return kShift && V::HMax(big) < kFp8RawLimit;
