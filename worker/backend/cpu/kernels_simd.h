@@ -100,7 +100,7 @@ void TileInRegisters(const Matrix& w, int64_t n, const float* x, int64_t ldx, fl
         // the default (3) in 8 + 6 alternating pairs of the engine's decode:
         // 1.01x / 1.05x at one thread, 1.03x at two (AVX2 1.01x / 1.04x); a
         // standalone loop of this kernel from DRAM went 0.71-0.78 -> 0.84-0.96
-        // of a plain read.
+        // of that loop's own plain read, 3 runs.
         for (int j = 0; j < NR; ++j) __builtin_prefetch(next[j] + at, 0, 0);
         for (int j = 0; j < NR; ++j) {
           if constexpr (kRaw) {
