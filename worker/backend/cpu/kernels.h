@@ -150,8 +150,9 @@ inline constexpr float kFp8RawLimit = 65536.0f;  // 2^128 / kFp8RawShift
 // of a view that starts `offset` into the full matrix, at most `limit`.
 int64_t Fp8BlockEnd(int64_t offset, int64_t i, int64_t limit);
 // Each FP8 scale block of columns [0, w.cols) of row r, in order: f(k0, k1,
-// s), s the block's scale times kFp8Rebias (the factor x' takes; a power of
-// two apart from the scale, so the same bits in every file).
+// s), s the block's scale times kFp8Rebias (the factor x' takes). Inline,
+// unlike the pieces above: s is one exact multiply by a power of two, the
+// same bits whichever instruction-set file computes it.
 template <class F>
 void ForEachFp8ColumnBlock(const Matrix& w, int64_t r, F&& f) {
   for (int64_t k0 = 0; k0 < w.cols;) {
