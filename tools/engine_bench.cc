@@ -4,7 +4,8 @@
 //     than the caches) and the AVX2 FMA peak, at 1 and N threads;
 //   - single-stream decode tokens/s at 1 and N threads, as a fraction of the
 //     bandwidth roofline (bandwidth / bytes of weights read per token: linear
-//     layers, LM head and scales, not the embedding table);
+//     layers, LM head and scales, not the embedding table), and the same
+//     fraction from decode chunks paired with read passes right after them;
 //   - batched decode of several sequences against single-stream;
 //   - prefill of one long prompt as a fraction of the FMA peak.
 //
@@ -128,24 +129,38 @@ float FmaKernel(int64_t iters) { return 0.0f; }
 float FmaKernel512(int64_t iters) { return 0.0f; }
 #endif
 
-// Read bandwidth in GB/s (1e9 bytes), best of several passes.
-double MeasureBandwidth(int threads, size_t bytes) {
-  const size_t n = bytes / sizeof(float);
-  float* buf = static_cast<float*>(ringlane::tools::AllocHuge(n * sizeof(float)));
-  if (buf == nullptr) Die("cannot allocate the bandwidth buffer");
-  for (size_t i = 0; i < n; ++i) buf[i] = 1.0f;
-  double best = 0;
-  std::atomic<float> sink{0};
-  for (int pass = 0; pass < 5; ++pass) {
-    double s = RunThreads(threads, [&](int t) {
-      size_t per = (n / threads) & ~size_t{31};
-      sink.store(sink.load() + ringlane::tools::ReadKernel(buf + t * per, per));
-    });
-    best = std::max(best, static_cast<double>(n / threads * threads) * 4 / s / 1e9);
+// The roofline's buffer, on huge pages as the worker's weights are.
+class ReadBuffer {
+ public:
+  explicit ReadBuffer(size_t bytes) : n_(bytes / sizeof(float)) {
+    buf_ = static_cast<float*>(ringlane::tools::AllocHuge(n_ * sizeof(float)));
+    if (buf_ == nullptr) Die("cannot allocate the bandwidth buffer");
+    for (size_t i = 0; i < n_; ++i) buf_[i] = 1.0f;
   }
-  std::free(buf);
-  return best;
-}
+  ~ReadBuffer() { std::free(buf_); }
+  ReadBuffer(const ReadBuffer&) = delete;
+  ReadBuffer& operator=(const ReadBuffer&) = delete;
+
+  // One pass over the buffer by `threads` threads: GB/s (1e9 bytes).
+  double Pass(int threads) {
+    std::atomic<float> sink{0};
+    const double s = RunThreads(threads, [&](int t) {
+      size_t per = (n_ / threads) & ~size_t{31};
+      sink.store(sink.load() + ringlane::tools::ReadKernel(buf_ + t * per, per));
+    });
+    return static_cast<double>(n_ / threads * threads) * 4 / s / 1e9;
+  }
+  // Best of several passes.
+  double Best(int threads) {
+    double best = 0;
+    for (int pass = 0; pass < 5; ++pass) best = std::max(best, Pass(threads));
+    return best;
+  }
+
+ private:
+  size_t n_;
+  float* buf_;
+};
 
 // FMA peak in GFLOP/s (2 flops per lane) with 8-lane (AVX2) or 16-lane
 // (AVX-512) registers.
@@ -310,22 +325,37 @@ int main(int argc, char** argv) {
   struct Row {
     int threads;
     double bw, peak, decode, roofline;
+    // The median over kPairs of (a decode chunk's bytes per second / a read
+    // pass's, the read right after the chunk): drift on a shared machine
+    // moves both sides of each pair alike. The best-of-5 read taken once
+    // before decode (bw) swung 39-58 GB/s at two threads between runs on a
+    // shared VM, and "of roofline" with it (59-111%).
+    double paired;
   };
+  constexpr int kPairs = 7, kPairSteps = 4;
   std::vector<Row> rows;
-  const size_t bw_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_bandwidth_mb)) << 20;
+  ReadBuffer reads(static_cast<size_t>(absl::GetFlag(FLAGS_bandwidth_mb)) << 20);
   for (int t : thread_counts) {
-    Row r{t, 0, 0, 0, 0};
+    Row r{t, 0, 0, 0, 0, 0};
     Progress(absl::StrFormat("%d thread(s): memory read bandwidth", t));
-    r.bw = MeasureBandwidth(t, bw_bytes);
+    r.bw = reads.Best(t);
     Progress(absl::StrFormat("%d thread(s): FMA peak", t));
     r.peak = MeasureFmaPeak(t, peak_lanes);
     Progress(absl::StrFormat("%d thread(s): single-stream decode", t));
     auto b = MakeBackend(model, t, 64);
-    std::vector<Lane> one = MakeLanes(1, 16 + steps + 8);
+    std::vector<Lane> one = MakeLanes(1, 16 + steps + kPairs * kPairSteps + 8);
     Prefill(b.get(), one, 16, cfg.vocab);
     DecodeRate(b.get(), one, 2);  // warm: faults in the mapping
     r.decode = DecodeRate(b.get(), one, steps);
     r.roofline = r.bw * 1e9 / bytes_per_token;
+    Progress(absl::StrFormat("%d thread(s): decode paired with reads", t));
+    std::vector<double> ratios;
+    for (int i = 0; i < kPairs; ++i) {
+      const double tps = DecodeRate(b.get(), one, kPairSteps);
+      ratios.push_back(tps * bytes_per_token / 1e9 / reads.Pass(t));
+    }
+    std::nth_element(ratios.begin(), ratios.begin() + kPairs / 2, ratios.end());
+    r.paired = ratios[kPairs / 2];
     rows.push_back(r);
   }
   const Row& top = rows.back();
@@ -365,12 +395,17 @@ int main(int argc, char** argv) {
   std::printf("Kernels: %s. FMA peak measured with %d-lane registers.\n\n",
               ringlane::worker::cpu::IsaName(isa), peak_lanes);
   std::printf(
-      "| threads | read GB/s | FMA peak GFLOP/s | decode tok/s | roofline tok/s | of roofline |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+      "| threads | read GB/s | FMA peak GFLOP/s | decode tok/s | roofline tok/s | of roofline | "
+      "of read, paired |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
-    std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.0f%% |\n", r.threads, r.bw, r.peak, r.decode,
-                r.roofline, 100 * r.decode / r.roofline);
+    std::printf("| %d | %.1f | %.1f | %.2f | %.2f | %.0f%% | %.0f%% |\n", r.threads, r.bw, r.peak,
+                r.decode, r.roofline, 100 * r.decode / r.roofline, 100 * r.paired);
   }
+  std::printf(
+      "\nof read, paired: the median over %d pairs of a %d-step decode chunk's bytes per second "
+      "against one read pass right after it.\n",
+      kPairs, kPairSteps);
   std::printf("\n| %d threads | figure | ratio |\n|---|---:|---:|\n", top.threads);
   std::printf("| batched decode, %d sequences | %.2f tok/s | %.2fx single-stream |\n", batch,
               batched, batched / top.decode);
@@ -388,8 +423,8 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "%s{\"threads\": %d, \"read_gbps\": %.3f, \"fma_gflops\": %.3f, \"decode_tps\": "
-                   "%.4f, \"roofline_tps\": %.4f}",
-                   i ? ", " : "", r.threads, r.bw, r.peak, r.decode, r.roofline);
+                   "%.4f, \"roofline_tps\": %.4f, \"paired_of_read\": %.4f}",
+                   i ? ", " : "", r.threads, r.bw, r.peak, r.decode, r.roofline, r.paired);
     }
     std::fprintf(f,
                  "], \"batched_decode_tps\": %.4f, \"batch\": %d, \"prefill_seconds\": %.4f, "

@@ -202,13 +202,16 @@ out, repeats, note = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 med = statistics.median
 def records(path):  # JSON lines; the tools also print blank ones
     return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
-rl = {"d1": [], "d2": [], "roof1": [], "roof2": [], "b5": [], "pp": []}
+rl = {"d1": [], "d2": [], "roof1": [], "roof2": [], "p1": [], "p2": [], "b5": [], "pp": []}
 lc = {"d1": [], "d2": [], "b5": [], "pp": []}
 for i in range(1, repeats + 1):
     j = json.load(open(f"{out}/ringlane-{i}.json"))
     rows = {r["threads"]: r for r in j["rows"]}
     rl["d1"].append(rows[1]["decode_tps"]); rl["roof1"].append(rows[1]["roofline_tps"])
     rl["d2"].append(rows[2]["decode_tps"]); rl["roof2"].append(rows[2]["roofline_tps"])
+    for t in (1, 2):  # engine benches before the paired reads lack the figure
+        if "paired_of_read" in rows[t]:
+            rl[f"p{t}"].append(rows[t]["paired_of_read"])
     rl["b5"].append(j["batched_decode_tps"])
     rl["pp"].append(j["prefill_tokens"] / j["prefill_seconds"])
     for r in records(f"{out}/llama-bench-{i}.jsonl"):
@@ -223,12 +226,14 @@ print(f"ringlane vs llama.cpp b10573 (Q8_0), synthetic TinyLlama-1.1B shape, med
       "interleaved run(s); ratio = ringlane / llama.cpp\n")
 print("| | ringlane | llama.cpp | ratio | ringlane of its read roofline |")
 print("|---|--:|--:|--:|--:|")
-def row(name, key, roof=None):
+def row(name, key, roof=None, paired=None):
     a, b = med(rl[key]), med(lc[key])
     r = f"{100 * a / med(rl[roof]):.0f}%" if roof else "-"
+    if paired and rl[paired]:
+        r += f" (paired with reads: {100 * med(rl[paired]):.0f}%)"
     print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {r} |")
-row("decode, 1 thread (tok/s; llama.cpp tg128)", "d1", "roof1")
-row("decode, 2 threads (tok/s)", "d2", "roof2")
+row("decode, 1 thread (tok/s; llama.cpp tg128)", "d1", "roof1", "p1")
+row("decode, 2 threads (tok/s)", "d2", "roof2", "p2")
 row("batch of 5, 2 threads (aggregate tok/s; llama-batched-bench)", "b5")
 row("prefill of 512 tokens, 2 threads (tok/s; pp512)", "pp")
 def http(side, i, conc, decode_only=False):
