@@ -56,6 +56,16 @@ inline float SoftmaxExp(float x) {
 inline constexpr int kSoftmaxLanes = 8;
 static_assert(kSoftmaxLanes == 8, "Hsum8 sums the lanes");
 
+// Values of at most kNarrowValues dimensions (head_dim 8 in the bundled
+// model) are summed in kValueLanes partial sums, position j in sum j %
+// kValueLanes, added as (s0 + s1) + (s2 + s3): summed in increasing
+// position, each output is one FMA chain as long as the context (4 cycles of
+// latency a position, most of a head_dim-8 row's attention). Wider values
+// keep that order: their outputs are already that many independent chains.
+inline constexpr int kNarrowValues = 16;
+inline constexpr int kValueLanes = 4;
+static_assert(kValueLanes == 4, "the partial sums are added as (s0 + s1) + (s2 + s3)");
+
 inline float LaneTreeMax(const float* l) {
   float m = l[0];
   for (int i = 1; i < kSoftmaxLanes; ++i) m = l[i] > m ? l[i] : m;
@@ -65,8 +75,8 @@ inline float LaneTreeMax(const float* l) {
 // Each query row r attends to context positions [0, positions[r]]: scores
 // (see AttendArgs), their max, exponentials and their sum (in lanes, above),
 // probabilities normalized, then the values accumulated in increasing
-// position. Nothing here depends on how many rows are processed together.
-// The position loops are independent across positions (scores) or across
+// position (narrow values in kValueLanes partial sums). Nothing here depends on how many rows are
+// processed together. The position loops are independent across positions (scores) or across
 // dimensions (values), or run in fixed lanes. This is the reference every
 // instruction set's kernel must match bit for bit (kernels_avx2.cc has the
 // vector one: the compiler does not vectorize the exponentials).
@@ -109,6 +119,16 @@ inline void AttendHeadImpl(const AttendArgs& a) {
     if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
     float* o = a.out + r * a.ldo;
     const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
+    if (vd <= kNarrowValues) {
+      float part[kValueLanes][kNarrowValues] = {};
+      for (int64_t j = 0; j < n; ++j) {
+        const float* v = a.v + j * a.ldv;
+        float* acc = part[j % kValueLanes];
+        for (int d = 0; d < vd; ++d) acc[d] = std::fma(s[j], v[d], acc[d]);
+      }
+      for (int d = 0; d < vd; ++d) o[d] = (part[0][d] + part[1][d]) + (part[2][d] + part[3][d]);
+      continue;
+    }
     for (int d = 0; d < vd; ++d) o[d] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
       const float* v = a.v + j * a.ldv;

@@ -183,6 +183,35 @@ void AccumulateValues(const AttendArgs& a, const float* p, int64_t n, int d0, in
   for (int i = 0; i < vecs; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
 }
 
+// Values of at most kNarrowValues (vd8 of them in vectors, 8 or 16) in
+// kValueLanes partial sums, position j in sum j % kValueLanes, as the
+// reference adds them.
+template <int kVecs>
+void AccumulateNarrowValues(const AttendArgs& a, const float* p, int64_t n, float* o) {
+  __m256 acc[kValueLanes][kVecs];
+  for (int l = 0; l < kValueLanes; ++l)
+    for (int i = 0; i < kVecs; ++i) acc[l][i] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + kValueLanes <= n; j += kValueLanes) {
+    for (int l = 0; l < kValueLanes; ++l) {
+      const __m256 pj = _mm256_set1_ps(p[j + l]);
+      const float* v = a.v + (j + l) * a.ldv;
+      for (int i = 0; i < kVecs; ++i)
+        acc[l][i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[l][i]);
+    }
+  }
+  for (int l = 0; j < n; ++j, ++l) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const float* v = a.v + j * a.ldv;
+    for (int i = 0; i < kVecs; ++i)
+      acc[l][i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[l][i]);
+  }
+  for (int i = 0; i < kVecs; ++i) {
+    _mm256_storeu_ps(o + 8 * i, _mm256_add_ps(_mm256_add_ps(acc[0][i], acc[1][i]),
+                                              _mm256_add_ps(acc[2][i], acc[3][i])));
+  }
+}
+
 }  // namespace
 
 // AttendHeadImpl's arithmetic, each position's and each output's operations in
@@ -233,6 +262,18 @@ void AttendHeadAvx2(const AttendArgs& a) {
     for (; j < n; ++j) s[j] /= sum;
     if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
     float* o = a.out + r * a.ldo;
+    if (vd <= kNarrowValues) {
+      if (vd8 == 8) AccumulateNarrowValues<1>(a, s, n, o);
+      if (vd8 == 16) AccumulateNarrowValues<2>(a, s, n, o);
+      for (int d = vd8; d < vd; ++d) {
+        float part[kValueLanes] = {};
+        for (j = 0; j < n; ++j) {
+          part[j % kValueLanes] = std::fma(s[j], a.v[j * a.ldv + d], part[j % kValueLanes]);
+        }
+        o[d] = (part[0] + part[1]) + (part[2] + part[3]);
+      }
+      continue;
+    }
     for (int d0 = 0; d0 < vd8; d0 += 64) AccumulateValues(a, s, n, d0, vd8, o);
     for (int d = vd8; d < vd; ++d) {
       float od = 0.0f;
