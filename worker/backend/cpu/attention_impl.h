@@ -66,6 +66,16 @@ inline constexpr int kNarrowValues = 16;
 inline constexpr int kValueLanes = 4;
 static_assert(kValueLanes == 4, "the partial sums are added as (s0 + s1) + (s2 + s3)");
 
+// One narrow output: sum over j < n of p[j] * v[j * ldv] in the partial
+// sums above.
+inline float NarrowValue(const float* p, const float* v, int64_t ldv, int64_t n) {
+  float part[kValueLanes] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    part[j % kValueLanes] = std::fma(p[j], v[j * ldv], part[j % kValueLanes]);
+  }
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 inline float LaneTreeMax(const float* l) {
   float m = l[0];
   for (int i = 1; i < kSoftmaxLanes; ++i) m = l[i] > m ? l[i] : m;
@@ -75,9 +85,10 @@ inline float LaneTreeMax(const float* l) {
 // Each query row r attends to context positions [0, positions[r]]: scores
 // (see AttendArgs), their max, exponentials and their sum (in lanes, above),
 // probabilities normalized, then the values accumulated in increasing
-// position (narrow values in kValueLanes partial sums). Nothing here depends on how many rows are
-// processed together. The position loops are independent across positions (scores) or across
-// dimensions (values), or run in fixed lanes. This is the reference every
+// position (narrow values in kValueLanes partial sums). Nothing here depends
+// on how many rows are processed together. The position loops are
+// independent across positions (scores) or across dimensions (values), or
+// run in fixed lanes. This is the reference every
 // instruction set's kernel must match bit for bit (kernels_avx2.cc has the
 // vector one: the compiler does not vectorize the exponentials).
 inline void AttendHeadImpl(const AttendArgs& a) {
@@ -120,13 +131,7 @@ inline void AttendHeadImpl(const AttendArgs& a) {
     float* o = a.out + r * a.ldo;
     const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
     if (vd <= kNarrowValues) {
-      float part[kValueLanes][kNarrowValues] = {};
-      for (int64_t j = 0; j < n; ++j) {
-        const float* v = a.v + j * a.ldv;
-        float* acc = part[j % kValueLanes];
-        for (int d = 0; d < vd; ++d) acc[d] = std::fma(s[j], v[d], acc[d]);
-      }
-      for (int d = 0; d < vd; ++d) o[d] = (part[0][d] + part[1][d]) + (part[2][d] + part[3][d]);
+      for (int d = 0; d < vd; ++d) o[d] = NarrowValue(s, a.v + d, a.ldv, n);
       continue;
     }
     for (int d = 0; d < vd; ++d) o[d] = 0.0f;

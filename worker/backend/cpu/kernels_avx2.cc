@@ -183,9 +183,8 @@ void AccumulateValues(const AttendArgs& a, const float* p, int64_t n, int d0, in
   for (int i = 0; i < vecs; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
 }
 
-// Values of at most kNarrowValues (vd8 of them in vectors, 8 or 16) in
-// kValueLanes partial sums, position j in sum j % kValueLanes, as the
-// reference adds them.
+// NarrowValue for the vd8 (8 or 16) vector outputs of narrow values: the
+// same partial sums, added in the same order.
 template <int kVecs>
 void AccumulateNarrowValues(const AttendArgs& a, const float* p, int64_t n, float* o) {
   __m256 acc[kValueLanes][kVecs];
@@ -265,13 +264,7 @@ void AttendHeadAvx2(const AttendArgs& a) {
     if (vd <= kNarrowValues) {
       if (vd8 == 8) AccumulateNarrowValues<1>(a, s, n, o);
       if (vd8 == 16) AccumulateNarrowValues<2>(a, s, n, o);
-      for (int d = vd8; d < vd; ++d) {
-        float part[kValueLanes] = {};
-        for (j = 0; j < n; ++j) {
-          part[j % kValueLanes] = std::fma(s[j], a.v[j * a.ldv + d], part[j % kValueLanes]);
-        }
-        o[d] = (part[0] + part[1]) + (part[2] + part[3]);
-      }
+      for (int d = vd8; d < vd; ++d) o[d] = NarrowValue(s, a.v + d, a.ldv, n);
       continue;
     }
     for (int d0 = 0; d0 < vd8; d0 += 64) AccumulateValues(a, s, n, d0, vd8, o);
