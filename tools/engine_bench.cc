@@ -12,7 +12,6 @@
 //   ringlane-engine-bench --model=build/models/synth-1b1-fp8
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include <sys/mman.h>
 #endif
 
 #include <algorithm>

@@ -242,11 +242,12 @@ struct Matrix {
     const int64_t q = row_phase + r;
     return base + (q / row_tile) * row_tile * row_stride_bytes + (q % row_tile) * 64;
   }
+  // The byte of an interleaved group holding its column j (j < 64).
+  static int64_t InterleavedByte(int64_t j) { return 4 * (j & 15) + (j >> 4); }
   // Where column c of a row is stored, in elements from Row(r).
   int64_t StoredColumn(int64_t c) const {
     if (!interleaved || c >= (cols & ~int64_t{63})) return c;
-    const int64_t j = c & 63;
-    return (c & ~int64_t{63}) * row_tile + 4 * (j & 15) + (j >> 4);
+    return (c & ~int64_t{63}) * row_tile + InterleavedByte(c & 63);
   }
   // Rows [r0, r0 + n) or columns [c0, c0 + n) of this view, as a view of
   // the same memory (block scales still index the whole stored tensor).

@@ -132,9 +132,7 @@ bool Interleavable(const Matrix& m) {
 void InterleaveFp8Row(const uint8_t* src, int64_t cols, uint8_t* dst) {
   const int64_t whole = cols & ~int64_t{63};
   for (int64_t g = 0; g < whole; g += 64) {
-    for (int64_t i = 0; i < 16; ++i) {
-      for (int64_t p = 0; p < 4; ++p) dst[g + 4 * i + p] = src[g + 16 * p + i];
-    }
+    for (int64_t j = 0; j < 64; ++j) dst[g + Matrix::InterleavedByte(j)] = src[g + j];
   }
   std::memcpy(dst + whole, src + whole, static_cast<size_t>(cols - whole));
 }

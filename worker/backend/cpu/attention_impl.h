@@ -88,9 +88,9 @@ inline float LaneTreeMax(const float* l) {
 // position (narrow values in kValueLanes partial sums). Nothing here depends
 // on how many rows are processed together. The position loops are
 // independent across positions (scores) or across dimensions (values), or
-// run in fixed lanes. This is the reference every
-// instruction set's kernel must match bit for bit (kernels_avx2.cc has the
-// vector one: the compiler does not vectorize the exponentials).
+// run in fixed lanes. This is the reference every instruction set's kernel
+// must match bit for bit (kernels_avx2.cc has the vector one: the compiler
+// does not vectorize the exponentials).
 inline void AttendHeadImpl(const AttendArgs& a) {
   const float sqrt_hd = std::sqrt(static_cast<float>(a.head_dim));
   constexpr int L = kSoftmaxLanes;

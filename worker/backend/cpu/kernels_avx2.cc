@@ -190,21 +190,18 @@ void AccumulateNarrowValues(const AttendArgs& a, const float* p, int64_t n, floa
   __m256 acc[kValueLanes][kVecs];
   for (int l = 0; l < kValueLanes; ++l)
     for (int i = 0; i < kVecs; ++i) acc[l][i] = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + kValueLanes <= n; j += kValueLanes) {
-    for (int l = 0; l < kValueLanes; ++l) {
-      const __m256 pj = _mm256_set1_ps(p[j + l]);
-      const float* v = a.v + (j + l) * a.ldv;
-      for (int i = 0; i < kVecs; ++i)
-        acc[l][i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[l][i]);
-    }
-  }
-  for (int l = 0; j < n; ++j, ++l) {
+  // Position j into partial sum l (j % kValueLanes).
+  auto add = [&](int64_t j, int l) {
     const __m256 pj = _mm256_set1_ps(p[j]);
     const float* v = a.v + j * a.ldv;
     for (int i = 0; i < kVecs; ++i)
       acc[l][i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[l][i]);
+  };
+  int64_t j = 0;
+  for (; j + kValueLanes <= n; j += kValueLanes) {
+    for (int l = 0; l < kValueLanes; ++l) add(j + l, l);
   }
+  for (int l = 0; j < n; ++j, ++l) add(j, l);
   for (int i = 0; i < kVecs; ++i) {
     _mm256_storeu_ps(o + 8 * i, _mm256_add_ps(_mm256_add_ps(acc[0][i], acc[1][i]),
                                               _mm256_add_ps(acc[2][i], acc[3][i])));

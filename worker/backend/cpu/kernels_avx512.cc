@@ -46,7 +46,7 @@ struct Avx512 {
   // high byte's sign in bits 15..11 and the exponent and mantissa in bits
   // 10..4, which in the high half of a 32-bit lane are F32's sign, low
   // exponent bits and top mantissa bits; the low halves move up by 16 and the
-  // low bytes up by 8 first, and a mask keeps those bits. 6 shifts and 4 ands
+  // low bytes up by 8 first, and a mask keeps those bits. 5 shifts and 4 ands
   // per 64 weights on the simple integer ports, where the F16 route took
   // 4 conversions of two uops each plus 7 operations.
   static void LoadW64Raw(const uint8_t* group, Vec out[4]) {
