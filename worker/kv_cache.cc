@@ -220,8 +220,73 @@ void KvCache::Store(int32_t block, int slot, int layer, int kv, const float* src
 
 void KvCache::Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
                      float* dst, int64_t ld) const {
-  for (int64_t pos = 0; pos < n; ++pos) {
-    ReadRow(block_ids, pos, layer, kv, head, 0, head_dim_, dst + pos * ld);
+  GatherStrided(block_ids, n, layer, kv, head, dst, ld, 1);
+}
+
+void KvCache::GatherTransposed(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv,
+                               int head, float* dst, int64_t ld) const {
+  GatherStrided(block_ids, n, layer, kv, head, dst, 1, ld);
+}
+
+void KvCache::GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv,
+                            int head, float* dst, int64_t pos_stride, int64_t dim_stride) const {
+  const int hd = head_dim_;
+  if (packed()) {
+    std::vector<float> row(dim_stride == 1 ? 0 : hd);
+    for (int64_t pos = 0; pos < n; ++pos) {
+      float* out = dst + pos * pos_stride;
+      ReadRow(block_ids, pos, layer, kv, head, 0, hd, dim_stride == 1 ? out : row.data());
+      if (dim_stride != 1) {
+        for (int d = 0; d < hd; ++d) out[d * dim_stride] = row[d];
+      }
+    }
+    return;
+  }
+  // Decode reads the whole context every step: per block, the offsets once
+  // and the dtype's conversion in a loop over its slots, not a call and a
+  // copy per position (a head of 8 floats is 32 bytes).
+  const int bs = spec_.block_size;
+  const int64_t elem0 = ElemOffset(layer, kv, 0, head);
+  const int64_t slot_bytes = int64_t{kv_heads_} * hd * esize_;
+  const int64_t scale0 = ScaleOffset(layer, kv, 0, head);
+  const int64_t scale_stride = int64_t{kv_heads_} * static_cast<int64_t>(sizeof(float));
+  for (int64_t first = 0; first < n; first += bs) {
+    const uint8_t* base = BlockData(block_ids[first / bs]);
+    const int slots = static_cast<int>(std::min<int64_t>(bs, n - first));
+    float* out = dst + first * pos_stride;
+    for (int s = 0; s < slots; ++s) {
+      const uint8_t* src = base + elem0 + s * slot_bytes;
+      float* o = out + s * pos_stride;
+      switch (spec_.dtype) {
+        case DType::kF32:
+          if (dim_stride == 1) {
+            std::memcpy(o, src, hd * sizeof(float));
+          } else {
+            for (int d = 0; d < hd; ++d) std::memcpy(o + d * dim_stride, src + 4 * d, 4);
+          }
+          break;
+        case DType::kBF16:
+          for (int d = 0; d < hd; ++d) {
+            uint16_t v;
+            std::memcpy(&v, src + 2 * d, 2);
+            o[d * dim_stride] = Bf16ToFloat(v);
+          }
+          break;
+        case DType::kF16:
+          for (int d = 0; d < hd; ++d) {
+            uint16_t v;
+            std::memcpy(&v, src + 2 * d, 2);
+            o[d * dim_stride] = F16ToFloat(v);
+          }
+          break;
+        case DType::kFP8E4M3: {
+          float scale;
+          std::memcpy(&scale, base + scale0 + s * scale_stride, sizeof(float));
+          for (int d = 0; d < hd; ++d) o[d * dim_stride] = fp8_lut_[src[d]] * scale;
+          break;
+        }
+      }
+    }
   }
 }
 

@@ -87,6 +87,11 @@ class KvCache {
   // lies in `block_ids` to float rows of `ld` floats: dst[pos * ld + d].
   void Gather(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
               float* dst, int64_t ld) const;
+  // The same values transposed, a row of `ld` floats per dimension:
+  // dst[d * ld + pos] (attention's K, scored position-wise without a
+  // transposing pass of its own).
+  void GatherTransposed(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
+                        float* dst, int64_t ld) const;
 
   // Latent caches: columns [col0, col0 + cols) of the rows of positions
   // [first, first + n) (GatherColumns) or of the listed positions, in order
@@ -110,6 +115,11 @@ class KvCache {
   void GatherPacked(const uint8_t* src, int col0, int cols, float* dst) const;
   // Columns [col0, col0 + cols) of one position's (layer, kv, head) row,
   // converted to float: what every gather reads through.
+  // What Gather and GatherTransposed do: dst[pos * pos_stride + d * dim_stride],
+  // converting block by block (one position at a time only for the packed
+  // latent rows).
+  void GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
+                     float* dst, int64_t pos_stride, int64_t dim_stride) const;
   void ReadRow(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int kv, int head,
                int col0, int cols, float* dst) const;
 

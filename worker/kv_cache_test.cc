@@ -65,6 +65,53 @@ TEST_P(KvCacheTest, StoredBytesIndependentOfNeighbours) {
   EXPECT_EQ(std::memcmp((*a)->BlockData(0), (*b)->BlockData(0), (*a)->block_bytes()), 0);
 }
 
+// Attention reads K transposed (a row per dimension) and V by rows, block by
+// block; both must hold exactly what the one-position reader gives (the
+// latent caches' GatherColumns: plane 0 of a one-head pool), across block
+// edges and for a context that ends inside a block. Plane 1 is checked
+// through the same values stored in plane 0 of another layer (a token's
+// stored bytes depend on its values only).
+TEST_P(KvCacheTest, RowAndTransposedGatherEqualThePositionReader) {
+  const int hd = 12, bs = 4, n = 10;
+  const int64_t ldt = n + 3;  // the transposed rows' stride, wider than n
+  auto one = KvCache::Create(2, 1, hd, {6, bs, GetParam()});
+  auto multi = KvCache::Create(2, 3, hd, {6, bs, GetParam()});
+  ASSERT_TRUE(one.ok() && multi.ok());
+  const std::vector<int32_t> blocks = {4, 0, 5};
+  for (int p = 0; p < n; ++p) {
+    const std::vector<float> t = Random(3 * hd, 50 + p, p == 3 ? 400.0f : 2.0f);
+    for (int kv = 0; kv < 2; ++kv) (*multi)->Store(blocks[p / bs], p % bs, 1, kv, t.data());
+    (*one)->Store(blocks[p / bs], p % bs, 1, 0, t.data());       // K of layer 1
+    (*one)->Store(blocks[p / bs], p % bs, 1, 1, t.data() + hd);  // V of layer 1
+    (*one)->Store(blocks[p / bs], p % bs, 0, 0, t.data() + hd);  // the same V as K of layer 0
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    std::vector<float> want(n * hd), rows(n * hd), cols(hd * ldt, -1.0f);
+    (*one)->GatherColumns(blocks, 0, n, kv == 0 ? 1 : 0, 0, hd, want.data(), hd);
+    (*one)->Gather(blocks, n, 1, kv, 0, rows.data(), hd);
+    (*one)->GatherTransposed(blocks, n, 1, kv, 0, cols.data(), ldt);
+    for (int p = 0; p < n; ++p) {
+      for (int d = 0; d < hd; ++d) {
+        EXPECT_EQ(std::memcmp(&rows[p * hd + d], &want[p * hd + d], 4), 0) << kv << p << d;
+        EXPECT_EQ(std::memcmp(&cols[d * ldt + p], &want[p * hd + d], 4), 0) << kv << p << d;
+      }
+    }
+    for (int d = 0; d < hd; ++d)
+      for (int64_t p = n; p < ldt; ++p) EXPECT_EQ(cols[d * ldt + p], -1.0f) << "written past n";
+  }
+  // Several heads: the transposed form is the row form, head by head.
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int h = 0; h < 3; ++h) {
+      std::vector<float> rows(n * hd), cols(hd * ldt);
+      (*multi)->Gather(blocks, n, 1, kv, h, rows.data(), hd);
+      (*multi)->GatherTransposed(blocks, n, 1, kv, h, cols.data(), ldt);
+      for (int p = 0; p < n; ++p)
+        for (int d = 0; d < hd; ++d)
+          EXPECT_EQ(std::memcmp(&cols[d * ldt + p], &rows[p * hd + d], 4), 0) << kv << h << p;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvCacheTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kFP8E4M3),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });

@@ -153,23 +153,18 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     const SeqStep& seq = rows_.round->seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
     const int64_t n_ctx = seq.start_position + rows;
-    std::vector<float>& kb = kbuf_[thread];
     std::vector<float>& kt = ktbuf_[thread];
     std::vector<float>& vb = vbuf_[thread];
     std::vector<float>& sc = scores_[thread];
     const int64_t ldkt = SpreadStride(n_ctx);
-    if (kb.size() < static_cast<size_t>(n_ctx * hd)) {
-      kb.resize(n_ctx * hd);
-      vb.resize(n_ctx * hd);
-    }
+    if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
     if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
     if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
     // Every row, this chunk's own included, reads K/V back from the cache in
-    // the stored dtype, exactly as a later decode step will.
-    kv_->Gather(seq.block_ids, n_ctx, layer, 0, g, kb.data(), hd);
+    // the stored dtype, exactly as a later decode step will; K straight into
+    // the transposed rows the scores are taken over.
+    kv_->GatherTransposed(seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt);
     kv_->Gather(seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd);
-    for (int64_t j = 0; j < n_ctx; ++j)
-      for (int d = 0; d < hd; ++d) kt[d * ldkt + j] = kb[j * hd + d];
     const int64_t row0 = rows_.seq_row0[s];
     for (int h = 0; h < heads.heads; ++h) {
       // Local query head h uses the KV head of its global index.
