@@ -250,10 +250,30 @@ void KvCache::GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int 
   const int64_t slot_bytes = int64_t{kv_heads_} * hd * esize_;
   const int64_t scale0 = ScaleOffset(layer, kv, 0, head);
   const int64_t scale_stride = int64_t{kv_heads_} * static_cast<int64_t>(sizeof(float));
+  const int64_t row_bytes = int64_t{hd} * esize_;
   for (int64_t first = 0; first < n; first += bs) {
     const uint8_t* base = BlockData(block_ids[first / bs]);
     const int slots = static_cast<int>(std::min<int64_t>(bs, n - first));
     float* out = dst + first * pos_stride;
+    // A row of a cache line or more is converted one value at a time: out-
+    // of-order execution does not reach the next slot's load, and the blocks
+    // lie anywhere in the pool, so no hardware prefetcher follows them. Ask
+    // for the next block's rows now (a long context is read from DRAM every
+    // step). Shorter rows (the bundled model's 32 bytes) are done before a
+    // miss would matter, and the prefetches cost more than they save there.
+    if (row_bytes >= 64 && first + bs < n) {
+      const uint8_t* next = BlockData(block_ids[first / bs + 1]);
+      for (int s = 0; s < bs; ++s) {
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+          __builtin_prefetch(next + elem0 + s * slot_bytes + b, 0, 0);
+        }
+      }
+      if (spec_.dtype == DType::kFP8E4M3) {
+        for (int64_t b = 0; b < bs * scale_stride; b += 64) {
+          __builtin_prefetch(next + scale0 + b, 0, 0);
+        }
+      }
+    }
     for (int s = 0; s < slots; ++s) {
       const uint8_t* src = base + elem0 + s * slot_bytes;
       float* o = out + s * pos_stride;
