@@ -113,13 +113,14 @@ class KvCache {
   bool packed() const { return split_.latent > 0 && spec_.dtype == DType::kFP8E4M3; }
   void StorePacked(uint8_t* dst, const float* src) const;
   void GatherPacked(const uint8_t* src, int col0, int cols, float* dst) const;
-  // Columns [col0, col0 + cols) of one position's (layer, kv, head) row,
-  // converted to float: what every gather reads through.
   // What Gather and GatherTransposed do: dst[pos * pos_stride + d * dim_stride],
   // converting block by block (one position at a time only for the packed
   // latent rows).
   void GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int layer, int kv, int head,
                      float* dst, int64_t pos_stride, int64_t dim_stride) const;
+  // Columns [col0, col0 + cols) of one position's (layer, kv, head) row,
+  // converted to float: what the latent gathers and packed rows read through
+  // (and the conversion GatherStrided must equal, kv_cache_test).
   void ReadRow(absl::Span<const int32_t> block_ids, int64_t pos, int layer, int kv, int head,
                int col0, int cols, float* dst) const;
 
