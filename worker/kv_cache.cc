@@ -286,19 +286,15 @@ void KvCache::GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int 
           }
           break;
         case DType::kBF16:
+        case DType::kF16: {
+          const bool bf16 = spec_.dtype == DType::kBF16;
           for (int d = 0; d < hd; ++d) {
             uint16_t v;
             std::memcpy(&v, src + 2 * d, 2);
-            o[d * dim_stride] = Bf16ToFloat(v);
+            o[d * dim_stride] = bf16 ? Bf16ToFloat(v) : F16ToFloat(v);
           }
           break;
-        case DType::kF16:
-          for (int d = 0; d < hd; ++d) {
-            uint16_t v;
-            std::memcpy(&v, src + 2 * d, 2);
-            o[d * dim_stride] = F16ToFloat(v);
-          }
-          break;
+        }
         case DType::kFP8E4M3: {
           float scale;
           std::memcpy(&scale, base + scale0 + s * scale_stride, sizeof(float));
