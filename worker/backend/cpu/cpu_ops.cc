@@ -7,6 +7,16 @@
 
 namespace ringlane::worker::cpu {
 
+namespace {
+
+// Latent heads attended together (AttendHeads) at most, and the floats of
+// their copied queries at most: a decode step's few rows take 16 heads to a
+// pass over the latents, a prefill chunk's hundreds of rows fewer.
+constexpr int64_t kHeadsTogether = 16;
+constexpr int64_t kTogetherQueryFloats = int64_t{1} << 20;
+
+}  // namespace
+
 float* CpuOps::Scratch(int slot, int64_t floats) {
   // Growing the outer vector moves the buffers, which keeps their memory: the
   // other slots' pointers stay valid.
@@ -28,6 +38,7 @@ void CpuOps::BeginRound(const RoundRows& rows) {
   sel_v_.resize(threads);
   local_pos_.resize(threads);
   local_sel_.resize(threads);
+  attend_args_.resize(threads);
 }
 
 void CpuOps::PrepareRope(absl::Span<const float> inv_freq) {
@@ -159,13 +170,15 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     const int64_t ldkt = SpreadStride(n_ctx);
     if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
     if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
-    if (sc.size() < static_cast<size_t>(n_ctx)) sc.resize(n_ctx);
     // Every row, this chunk's own included, reads K/V back from the cache in
     // the stored dtype, exactly as a later decode step will; K straight into
     // the transposed rows the scores are taken over.
     kv_->GatherTransposed(seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt);
     kv_->Gather(seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd);
     const int64_t row0 = rows_.seq_row0[s];
+    // The query heads of this KV head together: one pass over its K and V.
+    std::vector<AttendArgs>& args = attend_args_[thread];
+    args.clear();
     for (int h = 0; h < heads.heads; ++h) {
       // Local query head h uses the KV head of its global index.
       if ((heads.head0 + h) / group - heads.kv_head0 != g) continue;
@@ -179,11 +192,13 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
       a.v = vb.data();
       a.ldv = hd;
       a.head_dim = hd;
-      a.scores = sc.data();
       a.out = out + row0 * ldq + int64_t{h} * hd;
       a.ldo = ldq;
-      AttendHead(a, isa_);
+      args.push_back(a);
     }
+    if (sc.size() < args.size() * n_ctx) sc.resize(args.size() * n_ctx);
+    for (size_t i = 0; i < args.size(); ++i) args[i].scores = sc.data() + i * n_ctx;
+    AttendHeads(args.data(), static_cast<int>(args.size()), isa_);
   });
 }
 
@@ -266,8 +281,16 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
     const int64_t ldkt = SpreadStride(n_dense);
     if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);
-    if (sc.size() < static_cast<size_t>(n_scores)) sc.resize(n_scores);
-    if (qb.size() < static_cast<size_t>(rows) * W) qb.resize(static_cast<size_t>(rows) * W);
+    // Heads go through the kernel together (one pass over the latents for
+    // several heads), each with its own queries and scores: as many as keep
+    // those queries within kTogetherQueryFloats (a prefill chunk's rows
+    // leave room for fewer heads than a decode step's).
+    const int together = static_cast<int>(std::clamp<int64_t>(
+        kTogetherQueryFloats / std::max<int64_t>(1, int64_t{rows} * W), 1, kHeadsTogether));
+    if (sc.size() < static_cast<size_t>(n_scores) * together) sc.resize(n_scores * together);
+    if (qb.size() < static_cast<size_t>(rows) * W * together) {
+      qb.resize(static_cast<size_t>(rows) * W * together);
+    }
     // Read back in the stored dtype, this round's rows too, as decode will.
     kv_->GatherColumns(seq.block_ids, 0, n_dense, layer, 0, W, kb.data(), W);
     for (int64_t j = 0; j < n_dense; ++j)
@@ -286,8 +309,23 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     a.head_dim = W;
     a.v_dim = C;
     a.scale = lh.scale;
-    a.scores = sc.data();
     a.ldo = ld_lat;
+    std::vector<AttendArgs>& args = attend_args_[thread];
+    // Heads [h0, h1) of the chunk, `together` at a time: `set(h, qh)` fills
+    // a for head h, whose queries go to qh (its own, as are its scores).
+    auto attend = [&](auto set) {
+      for (int hp = h0; hp < h1; hp += together) {
+        args.clear();
+        for (int h = hp; h < std::min(h1, hp + together); ++h) {
+          float* qh = qb.data() + static_cast<size_t>(h - hp) * rows * W;
+          a.q = qh;
+          a.scores = sc.data() + static_cast<size_t>(h - hp) * n_scores;
+          set(h, qh);
+          args.push_back(a);
+        }
+        AttendHeads(args.data(), static_cast<int>(args.size()), isa_);
+      }
+    };
     // A row computes the same whatever rows run beside it: the dense rows of
     // a sequence (a prefix of them, as positions increase) go together per
     // head; each sparse row reads its chosen positions once for all heads.
@@ -295,18 +333,18 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
     // The log-sum-exps, context parallel: [rows][heads].
     a.ld_lse = lh.heads;
-    for (int h = h0; h < h1 && n_dense_rows > 0; ++h) {
-      for (int r = 0; r < n_dense_rows; ++r) query(r, h, qb.data() + int64_t{r} * W);
-      a.q = qb.data();
-      a.rows = n_dense_rows;
-      a.positions = local_pos.data();
-      a.kt = kt.data();
-      a.ldkt = ldkt;
-      a.v = kb.data();
-      a.ldv = W;
-      a.out = out + row0 * ld_lat + int64_t{h} * C;
-      a.lse = lh.lse != nullptr ? lh.lse + row0 * lh.heads + h : nullptr;
-      AttendHead(a, isa_);
+    if (n_dense_rows > 0) {
+      attend([&](int h, float* qh) {
+        for (int r = 0; r < n_dense_rows; ++r) query(r, h, qh + int64_t{r} * W);
+        a.rows = n_dense_rows;
+        a.positions = local_pos.data();
+        a.kt = kt.data();
+        a.ldkt = ldkt;
+        a.v = kb.data();
+        a.ldv = W;
+        a.out = out + row0 * ld_lat + int64_t{h} * C;
+        a.lse = lh.lse != nullptr ? lh.lse + row0 * lh.heads + h : nullptr;
+      });
     }
     for (int r = n_dense_rows; r < rows; ++r) {
       const int64_t t = row0 + r;
@@ -337,9 +375,8 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       for (int i = 0; i < n_sel; ++i)
         for (int d = 0; d < W; ++d) skt[int64_t{d} * ld_sel + i] = sv[int64_t{i} * W + d];
       const int64_t last = n_sel - 1;
-      for (int h = h0; h < h1; ++h) {
-        query(r, h, qb.data());
-        a.q = qb.data();
+      attend([&](int h, float* qh) {
+        query(r, h, qh);
         a.rows = 1;
         a.positions = &last;
         a.kt = skt.data();
@@ -348,8 +385,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
         a.ldv = W;
         a.out = out + t * ld_lat + int64_t{h} * C;
         a.lse = lh.lse != nullptr ? lh.lse + t * lh.heads + h : nullptr;
-        AttendHead(a, isa_);
-      }
+      });
     }
   });
 }

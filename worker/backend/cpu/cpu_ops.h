@@ -122,13 +122,16 @@ class CpuOps final : public ComputeOps {
   int rope_half_ = 0;             // half of the head size the angles were made for
   std::vector<AlignedFloats> scratch_;
   // Per pool thread: K, K transposed and V of one sequence's context, and the
-  // attention scores of one row.
+  // attention scores of one row for each head attended together.
   std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
-  // Per pool thread: the queries of one latent head, [rows][latent + rope],
-  // and a sparse row's selected keys (transposed) and values.
+  // Per pool thread: the queries of the latent heads attended together,
+  // [heads][rows][latent + rope], and a sparse row's selected keys
+  // (transposed) and values.
   std::vector<std::vector<float>> qbuf_, sel_kt_, sel_v_;
   std::vector<std::vector<int64_t>> local_pos_;  // context parallel, per thread
   std::vector<std::vector<int32_t>> local_sel_;
+  // Per pool thread: the heads attended together over one context.
+  std::vector<std::vector<AttendArgs>> attend_args_;
   // MatMulTransposed's weights converted to float, [w.rows][w.cols].
   AlignedFloats wt_;
   std::vector<float> latent_row_;  // StoreLatent's row: latent, then rope key

@@ -268,6 +268,16 @@ void AttendHead(const AttendArgs& args, Isa isa) {
   internal::AttendHeadImpl(args);
 }
 
+void AttendHeads(const AttendArgs* heads, int count, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    internal::AttendHeadsAvx2(heads, count);
+    return;
+  }
+#endif
+  for (int h = 0; h < count; ++h) internal::AttendHeadImpl(heads[h]);
+}
+
 void IndexerScores(const IndexerScoreArgs& args, Isa isa) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {

@@ -103,6 +103,13 @@ struct AttendArgs {
   int64_t ld_lse = 0;
 };
 void AttendHead(const AttendArgs& args, Isa isa);
+// Several heads against the same keys and values: the entries share kt,
+// ldkt, v, ldv, head_dim, v_dim, scale, rows and positions, each with its
+// own q, out, lse and scores. Every head's results are AttendHead's bits;
+// the vector kernels take each block of K, and of V, once for a pass of
+// heads instead of once per head (a long context's copies come from DRAM,
+// and a GQA group or MLA's heads would read them that many times).
+void AttendHeads(const AttendArgs* heads, int count, Isa isa);
 
 // A row stride (in floats) for rows of n floats that a kernel reads side by
 // side (a transposed K, AttendArgs::kt; the panel's converted weight rows and
@@ -182,6 +189,7 @@ float Hsum8(const float* a);
 // Hsum8, so every instruction-set file calls the same portable code.
 float Hsum16(const float* a);
 void AttendHeadAvx2(const AttendArgs& args);
+void AttendHeadsAvx2(const AttendArgs* heads, int count);
 void IndexerScoresAvx2(const IndexerScoreArgs& args);
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1, bool panel);

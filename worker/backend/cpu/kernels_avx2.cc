@@ -2,6 +2,7 @@
 // Compiled with those flags and called only after DetectIsa() saw them.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "worker/backend/cpu/attention_impl.h"
@@ -168,14 +169,18 @@ void ScoreBlock(const AttendArgs& a, const float* q, int64_t j0, __m256 scale, b
   }
 }
 
-// The values weighted by p[0..n) into o[0..vd), vd a multiple of 8, at most
-// 8 * kChunk wide per pass so the accumulators stay in registers.
-void AccumulateValues(const AttendArgs& a, const float* p, int64_t n, int d0, int vd, float* o) {
+// Positions [j0, j1) of the values weighted by p into o[d0, d0 + 8 * kChunk)
+// (less at the end of vd, a multiple of 8), so the accumulators stay in
+// registers; from zero at j0 = 0, else on from what o holds: an output's
+// chain stays in increasing position however the positions are split.
+void AccumulateValues(const AttendArgs& a, const float* p, int64_t j0, int64_t j1, int d0, int vd,
+                      float* o) {
   constexpr int kChunk = 8;
   const int vecs = (vd - d0) / 8 < kChunk ? (vd - d0) / 8 : kChunk;
   __m256 acc[kChunk];
-  for (int i = 0; i < vecs; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
+  for (int i = 0; i < vecs; ++i)
+    acc[i] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + d0 + 8 * i);
+  for (int64_t j = j0; j < j1; ++j) {
     const __m256 pj = _mm256_set1_ps(p[j]);
     const float* v = a.v + j * a.ldv + d0;
     for (int i = 0; i < vecs; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
@@ -208,70 +213,112 @@ void AccumulateNarrowValues(const AttendArgs& a, const float* p, int64_t n, floa
   }
 }
 
-}  // namespace
+// Heads attended in one pass over K and V (AttendHeads): their lane maxima
+// stay in registers. A block of 32 positions of K (hd rows of 128 bytes) and
+// kValueChunk positions of V stay in L2 while every head of the pass uses
+// them.
+constexpr int kHeadsPerPass = 16;
+constexpr int64_t kValueChunk = 64;
 
-// AttendHeadImpl's arithmetic, each position's and each output's operations in
-// the same order (checked bit for bit against it by kernels_test), with the
-// positions' loops on 8 lanes: the lane j % 8 of the max and the sum is the
-// register lane.
-void AttendHeadAvx2(const AttendArgs& a) {
+// AttendHeadImpl's arithmetic for each head of the pass, each position's and
+// each output's operations in the same order (checked bit for bit against it
+// by kernels_test), with the positions' loops on 8 lanes: the lane j % 8 of
+// the max and the sum is the register lane. Only the order in which heads
+// and blocks of positions are visited differs from one head at a time.
+void AttendPassAvx2(const AttendArgs* hs, int count) {
   constexpr int L = kSoftmaxLanes;
   static_assert(L == 8, "one register of lanes");
-  const float sqrt_hd = std::sqrt(static_cast<float>(a.head_dim));
-  const bool multiply = a.scale > 0.0f;
-  const float scale_f = multiply ? a.scale : sqrt_hd;
+  const AttendArgs& a0 = hs[0];
+  const float sqrt_hd = std::sqrt(static_cast<float>(a0.head_dim));
+  const bool multiply = a0.scale > 0.0f;
+  const float scale_f = multiply ? a0.scale : sqrt_hd;
   const __m256 scale = _mm256_set1_ps(scale_f);
-  const int vd = a.v_dim > 0 ? a.v_dim : a.head_dim;
+  const int vd = a0.v_dim > 0 ? a0.v_dim : a0.head_dim;
   const int vd8 = vd - vd % 8;
-  for (int r = 0; r < a.rows; ++r) {
-    const float* q = a.q + r * a.ldq;
-    const int64_t n = a.positions[r] + 1;
+  for (int r = 0; r < a0.rows; ++r) {
+    const int64_t n = a0.positions[r] + 1;
     const int64_t n_full = n - n % L;
-    float* s = a.scores;
-    __m256 lane_max = _mm256_set1_ps(-INFINITY);
+    __m256 lane_max[kHeadsPerPass];
+    for (int h = 0; h < count; ++h) lane_max[h] = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
-    for (; j + 32 <= n_full; j += 32) ScoreBlock<4>(a, q, j, scale, multiply, s, &lane_max);
-    for (; j < n_full; j += 8) ScoreBlock<1>(a, q, j, scale, multiply, s, &lane_max);
-    alignas(32) float lane[L];
-    _mm256_store_ps(lane, lane_max);
-    for (; j < n; ++j) {
-      float sj = 0.0f;
-      for (int d = 0; d < a.head_dim; ++d) sj = std::fma(q[d], a.kt[d * a.ldkt + j], sj);
-      sj = multiply ? sj * scale_f : sj / scale_f;
-      s[j] = sj;
-      lane[j - n_full] = sj > lane[j - n_full] ? sj : lane[j - n_full];
+    for (; j + 32 <= n_full; j += 32) {
+      for (int h = 0; h < count; ++h) {
+        ScoreBlock<4>(hs[h], hs[h].q + r * hs[h].ldq, j, scale, multiply, hs[h].scores,
+                      &lane_max[h]);
+      }
     }
-    const float mx = LaneTreeMax(lane);
-    const __m256 mxv = _mm256_set1_ps(mx);
-    __m256 sum8 = _mm256_setzero_ps();
-    for (j = 0; j < n_full; j += 8) {
-      const __m256 e = SoftmaxExp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
-      _mm256_storeu_ps(s + j, e);
-      sum8 = _mm256_add_ps(sum8, e);
+    for (; j < n_full; j += 8) {
+      for (int h = 0; h < count; ++h) {
+        ScoreBlock<1>(hs[h], hs[h].q + r * hs[h].ldq, j, scale, multiply, hs[h].scores,
+                      &lane_max[h]);
+      }
     }
-    _mm256_store_ps(lane, sum8);
-    for (; j < n; ++j) lane[j - n_full] += (s[j] = SoftmaxExp(s[j] - mx));
-    const float sum = Hsum8(lane);
-    const __m256 sumv = _mm256_set1_ps(sum);
-    for (j = 0; j < n_full; j += 8)
-      _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sumv));
-    for (; j < n; ++j) s[j] /= sum;
-    if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
-    float* o = a.out + r * a.ldo;
-    if (vd <= kNarrowValues) {
-      if (vd8 == 8) AccumulateNarrowValues<1>(a, s, n, o);
-      if (vd8 == 16) AccumulateNarrowValues<2>(a, s, n, o);
-      for (int d = vd8; d < vd; ++d) o[d] = NarrowValue(s, a.v + d, a.ldv, n);
-      continue;
+    for (int h = 0; h < count; ++h) {
+      const AttendArgs& a = hs[h];
+      const float* q = a.q + r * a.ldq;
+      float* s = a.scores;
+      alignas(32) float lane[L];
+      _mm256_store_ps(lane, lane_max[h]);
+      for (j = n_full; j < n; ++j) {
+        float sj = 0.0f;
+        for (int d = 0; d < a.head_dim; ++d) sj = std::fma(q[d], a.kt[d * a.ldkt + j], sj);
+        sj = multiply ? sj * scale_f : sj / scale_f;
+        s[j] = sj;
+        lane[j - n_full] = sj > lane[j - n_full] ? sj : lane[j - n_full];
+      }
+      const float mx = LaneTreeMax(lane);
+      const __m256 mxv = _mm256_set1_ps(mx);
+      __m256 sum8 = _mm256_setzero_ps();
+      for (j = 0; j < n_full; j += 8) {
+        const __m256 e = SoftmaxExp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+        _mm256_storeu_ps(s + j, e);
+        sum8 = _mm256_add_ps(sum8, e);
+      }
+      _mm256_store_ps(lane, sum8);
+      for (; j < n; ++j) lane[j - n_full] += (s[j] = SoftmaxExp(s[j] - mx));
+      const float sum = Hsum8(lane);
+      const __m256 sumv = _mm256_set1_ps(sum);
+      for (j = 0; j < n_full; j += 8)
+        _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sumv));
+      for (; j < n; ++j) s[j] /= sum;
+      if (a.lse != nullptr) a.lse[r * a.ld_lse] = mx + std::log(sum);
+      if (vd <= kNarrowValues) {
+        float* o = a.out + r * a.ldo;
+        if (vd8 == 8) AccumulateNarrowValues<1>(a, s, n, o);
+        if (vd8 == 16) AccumulateNarrowValues<2>(a, s, n, o);
+        for (int d = vd8; d < vd; ++d) o[d] = NarrowValue(s, a.v + d, a.ldv, n);
+      }
     }
-    for (int d0 = 0; d0 < vd8; d0 += 64) AccumulateValues(a, s, n, d0, vd8, o);
-    for (int d = vd8; d < vd; ++d) {
-      float od = 0.0f;
-      for (j = 0; j < n; ++j) od = std::fma(s[j], a.v[j * a.ldv + d], od);
-      o[d] = od;
+    if (vd <= kNarrowValues) continue;
+    for (int64_t j0 = 0; j0 < n; j0 += kValueChunk) {
+      const int64_t j1 = std::min(n, j0 + kValueChunk);
+      for (int h = 0; h < count; ++h) {
+        for (int d0 = 0; d0 < vd8; d0 += 64) {
+          AccumulateValues(hs[h], hs[h].scores, j0, j1, d0, vd8, hs[h].out + r * hs[h].ldo);
+        }
+      }
+    }
+    for (int h = 0; h < count; ++h) {
+      const AttendArgs& a = hs[h];
+      float* o = a.out + r * a.ldo;
+      for (int d = vd8; d < vd; ++d) {
+        float od = 0.0f;
+        for (j = 0; j < n; ++j) od = std::fma(a.scores[j], a.v[j * a.ldv + d], od);
+        o[d] = od;
+      }
     }
   }
 }
+
+}  // namespace
+
+void AttendHeadsAvx2(const AttendArgs* heads, int count) {
+  for (int h0 = 0; h0 < count; h0 += kHeadsPerPass) {
+    AttendPassAvx2(heads + h0, std::min(kHeadsPerPass, count - h0));
+  }
+}
+
+void AttendHeadAvx2(const AttendArgs& a) { AttendPassAvx2(&a, 1); }
 
 void IndexerScoresAvx2(const IndexerScoreArgs& a) { IndexerScoresImpl(a); }
 

@@ -592,6 +592,69 @@ TEST(Attention, EveryIsaGivesTheReferenceBitsForEveryShape) {
   EXPECT_GT(underflows, 0);
 }
 
+// Heads that share K and V (a GQA group, MLA's heads over one latent) are
+// attended together: each head's outputs, log-sum-exps and probabilities
+// are the reference's bits for that head alone, on every instruction set,
+// whatever the number of heads in the call (more than one pass of them too),
+// with rows that see different lengths of the context.
+TEST(Attention, HeadsTogetherEqualEachHeadAlone) {
+  struct Shape {
+    int hd, vd, n_ctx, heads;
+    float scale;
+  };
+  for (const Shape& sh :
+       {Shape{8, 0, 77, 8, 0.0f}, Shape{64, 0, 300, 3, 0.0f}, Shape{144, 136, 140, 19, 0.11f}}) {
+    const int vd = sh.vd > 0 ? sh.vd : sh.hd;
+    const int64_t ldkt = SpreadStride(sh.n_ctx);
+    const int rows = 5;
+    std::vector<float> k = RandomX(sh.n_ctx, sh.hd, 8), v = RandomX(sh.n_ctx, sh.hd, 9);
+    std::vector<float> kt(sh.hd * ldkt);
+    for (int j = 0; j < sh.n_ctx; ++j)
+      for (int d = 0; d < sh.hd; ++d) kt[d * ldkt + j] = k[j * sh.hd + d];
+    // The last rows of the context, as a verify row's positions are.
+    std::vector<int64_t> pos(rows);
+    for (int r = 0; r < rows; ++r) pos[r] = sh.n_ctx - rows + r;
+    std::vector<std::vector<float>> q(sh.heads);
+    for (int h = 0; h < sh.heads; ++h) {
+      q[h] = RandomX(rows, sh.hd, 100 + h);
+      for (float& x : q[h]) x *= 6.0f;
+    }
+    auto args = [&](int h, float* scores, float* out, float* lse) {
+      AttendArgs a{q[h].data(), sh.hd, rows,  pos.data(), kt.data(), ldkt,
+                   v.data(),    sh.hd, sh.hd, scores,     out,       vd};
+      a.v_dim = sh.vd;
+      a.scale = sh.scale;
+      a.lse = lse;
+      a.ld_lse = 1;
+      return a;
+    };
+    // Each head alone on the scalar reference.
+    std::vector<std::vector<float>> want(sh.heads), want_lse(sh.heads), want_p(sh.heads);
+    for (int h = 0; h < sh.heads; ++h) {
+      want[h].assign(rows * vd, 0.0f);
+      want_lse[h].assign(rows, 0.0f);
+      want_p[h].assign(sh.n_ctx, 0.0f);
+      AttendHead(args(h, want_p[h].data(), want[h].data(), want_lse[h].data()), Isa::kScalar);
+    }
+    for (Isa isa : SupportedIsas()) {
+      std::vector<std::vector<float>> got(sh.heads), got_lse(sh.heads), got_p(sh.heads);
+      std::vector<AttendArgs> all;
+      for (int h = 0; h < sh.heads; ++h) {
+        got[h].assign(rows * vd, -1.0f);
+        got_lse[h].assign(rows, 0.0f);
+        got_p[h].assign(sh.n_ctx, 0.0f);
+        all.push_back(args(h, got_p[h].data(), got[h].data(), got_lse[h].data()));
+      }
+      AttendHeads(all.data(), sh.heads, isa);
+      for (int h = 0; h < sh.heads; ++h) {
+        EXPECT_TRUE(SameBits(got[h], want[h])) << IsaName(isa) << " hd=" << sh.hd << " head " << h;
+        EXPECT_TRUE(SameBits(got_lse[h], want_lse[h])) << IsaName(isa) << " hd=" << sh.hd;
+        EXPECT_TRUE(SameBits(got_p[h], want_p[h])) << IsaName(isa) << " hd=" << sh.hd;
+      }
+    }
+  }
+}
+
 // The DSA indexer's scores: the same bits on every instruction set and for
 // any number of keys (a key's score never depends on the others), and the
 // published sum_h w_h relu(q_h . k_j) in double precision.
