@@ -293,8 +293,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     }
     // Read back in the stored dtype, this round's rows too, as decode will.
     kv_->GatherColumns(seq.block_ids, 0, n_dense, layer, 0, W, kb.data(), W);
-    for (int64_t j = 0; j < n_dense; ++j)
-      for (int d = 0; d < W; ++d) kt[d * ldkt + j] = kb[j * W + d];
+    Transpose(kb.data(), n_dense, W, W, kt.data(), ldkt, isa_);
     const int64_t ld_lat = int64_t{lh.heads} * C;
     std::vector<float>& skt = sel_kt_[thread];
     std::vector<float>& sv = sel_v_[thread];
@@ -372,8 +371,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       const int64_t ld_sel = SpreadStride(n_sel);
       skt.resize(static_cast<size_t>(ld_sel) * W);
       kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
-      for (int i = 0; i < n_sel; ++i)
-        for (int d = 0; d < W; ++d) skt[int64_t{d} * ld_sel + i] = sv[int64_t{i} * W + d];
+      Transpose(sv.data(), n_sel, W, W, skt.data(), ld_sel, isa_);
       const int64_t last = n_sel - 1;
       attend([&](int h, float* qh) {
         query(r, h, qh);
@@ -448,8 +446,7 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
       kv_->GatherColumns(seq.block_ids, j0, j1 - j0, layer, iq.key_offset, G,
                          index_keys_.data() + j0 * G, G);
       if (pooled) return;
-      for (int64_t j = j0; j < j1; ++j)
-        for (int d = 0; d < I; ++d) index_kt_[d * n_ctx + j] = index_keys_[j * I + d];
+      Transpose(index_keys_.data() + j0 * I, j1 - j0, I, I, index_kt_.data() + j0, n_ctx, isa_);
     });
     if (pooled) {
       // pk_j[d] = sum_m softmax_m(gate_{jP+m}[d] + ape[m][d]) k_{jP+m}[d].

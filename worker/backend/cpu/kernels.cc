@@ -268,6 +268,18 @@ void AttendHead(const AttendArgs& args, Isa isa) {
   internal::AttendHeadImpl(args);
 }
 
+void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst, int64_t ld_dst,
+               Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    internal::TransposeAvx2(src, rows, cols, ld_src, dst, ld_dst);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 void AttendHeads(const AttendArgs* heads, int count, Isa isa) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {

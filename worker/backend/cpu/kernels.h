@@ -111,6 +111,12 @@ void AttendHead(const AttendArgs& args, Isa isa);
 // and a GQA group or MLA's heads would read them that many times).
 void AttendHeads(const AttendArgs* heads, int count, Isa isa);
 
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: keys
+// turned into the rows attention's scores are taken over. A copy, so every
+// instruction set gives the same floats; the vector ones move 8 x 8 tiles.
+void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst, int64_t ld_dst,
+               Isa isa);
+
 // A row stride (in floats) for rows of n floats that a kernel reads side by
 // side (a transposed K, AttendArgs::kt; the panel's converted weight rows and
 // the scaled activations x' of a prefill tile): at least n, and an odd
@@ -190,6 +196,8 @@ float Hsum8(const float* a);
 float Hsum16(const float* a);
 void AttendHeadAvx2(const AttendArgs& args);
 void AttendHeadsAvx2(const AttendArgs* heads, int count);
+void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
+                   int64_t ld_dst);
 void IndexerScoresAvx2(const IndexerScoreArgs& args);
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1, bool panel);

@@ -320,6 +320,43 @@ void AttendHeadsAvx2(const AttendArgs* heads, int count) {
 
 void AttendHeadAvx2(const AttendArgs& a) { AttendPassAvx2(&a, 1); }
 
+void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
+                   int64_t ld_dst) {
+  const int64_t rows8 = rows - rows % 8;
+  const int cols8 = cols - cols % 8;
+  // 8 x 8 tiles, rows outer so that a tile's 8 source rows stay in L1 while
+  // its columns are written, each a run of 8 floats.
+  for (int64_t r = 0; r < rows8; r += 8) {
+    const float* s = src + r * ld_src;
+    for (int c = 0; c < cols8; c += 8) {
+      __m256 t[8];
+      for (int i = 0; i < 8; ++i) t[i] = _mm256_loadu_ps(s + i * ld_src + c);
+      // Pairs, quads, then halves: the standard unpack/shuffle/permute tree.
+      const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
+      const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
+      const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
+      const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]), a7 = _mm256_unpackhi_ps(t[6], t[7]);
+      const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+      const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+      const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+      const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+      float* d = dst + int64_t{c} * ld_dst + r;
+      _mm256_storeu_ps(d + 0 * ld_dst, _mm256_permute2f128_ps(b0, b4, 0x20));
+      _mm256_storeu_ps(d + 1 * ld_dst, _mm256_permute2f128_ps(b1, b5, 0x20));
+      _mm256_storeu_ps(d + 2 * ld_dst, _mm256_permute2f128_ps(b2, b6, 0x20));
+      _mm256_storeu_ps(d + 3 * ld_dst, _mm256_permute2f128_ps(b3, b7, 0x20));
+      _mm256_storeu_ps(d + 4 * ld_dst, _mm256_permute2f128_ps(b0, b4, 0x31));
+      _mm256_storeu_ps(d + 5 * ld_dst, _mm256_permute2f128_ps(b1, b5, 0x31));
+      _mm256_storeu_ps(d + 6 * ld_dst, _mm256_permute2f128_ps(b2, b6, 0x31));
+      _mm256_storeu_ps(d + 7 * ld_dst, _mm256_permute2f128_ps(b3, b7, 0x31));
+    }
+    for (int c = cols8; c < cols; ++c)
+      for (int64_t i = r; i < r + 8; ++i) dst[c * ld_dst + i] = src[i * ld_src + c];
+  }
+  for (int64_t r = rows8; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+}
+
 void IndexerScoresAvx2(const IndexerScoreArgs& a) { IndexerScoresImpl(a); }
 
 }  // namespace ringlane::worker::cpu::internal

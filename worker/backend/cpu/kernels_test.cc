@@ -655,6 +655,29 @@ TEST(Attention, HeadsTogetherEqualEachHeadAlone) {
   }
 }
 
+// Attention's keys transposed (and the indexer's): dst[c * ld_dst + r] is
+// src[r * ld_src + c] exactly, on every instruction set, for shapes that are
+// and are not multiples of the vector blocks, and nothing outside the rows
+// and columns given is written.
+TEST(Transpose, EveryIsaCopiesEveryElementAndNothingElse) {
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{13, 576}, std::pair{77, 8},
+                            std::pair{40, 37}, std::pair{300, 64}}) {
+    const int64_t ld_src = cols + 3, ld_dst = SpreadStride(rows);
+    std::vector<float> src = RandomX(rows, static_cast<int>(ld_src), 31);
+    for (Isa isa : SupportedIsas()) {
+      std::vector<float> dst(cols * ld_dst, -7.0f);
+      Transpose(src.data(), rows, cols, ld_src, dst.data(), ld_dst, isa);
+      for (int c = 0; c < cols; ++c) {
+        for (int64_t r = 0; r < ld_dst; ++r) {
+          const float want = r < rows ? src[r * ld_src + c] : -7.0f;
+          ASSERT_EQ(std::memcmp(&dst[c * ld_dst + r], &want, 4), 0)
+              << IsaName(isa) << " " << rows << "x" << cols << " at " << r << "," << c;
+        }
+      }
+    }
+  }
+}
+
 // The DSA indexer's scores: the same bits on every instruction set and for
 // any number of keys (a key's score never depends on the others), and the
 // published sum_h w_h relu(q_h . k_j) in double precision.
