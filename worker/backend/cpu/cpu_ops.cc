@@ -303,24 +303,36 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       std::copy_n(q_lat + t * ld_lat + int64_t{h} * C, C, dst);
       std::copy_n(q_pe + t * lh.pe_ld + h * lh.pe_stride, R, dst + C);
     };
-    AttendArgs a;
-    a.ldq = W;
-    a.head_dim = W;
-    a.v_dim = C;
-    a.scale = lh.scale;
-    a.ldo = ld_lat;
     std::vector<AttendArgs>& args = attend_args_[thread];
-    // Heads [h0, h1) of the chunk, `together` at a time: `set(h, qh)` fills
-    // a for head h, whose queries go to qh (its own, as are its scores).
-    auto attend = [&](auto set) {
+    // Heads [h0, h1) of the chunk, `together` at a time, over one context
+    // (its keys transposed and its values): `n_rows` rows from round row
+    // t0, each head's queries written to qh by `fill(h, qh)` (its own, as are
+    // its scores). The log-sum-exps, for context parallel, are
+    // [rows][heads].
+    auto attend = [&](int n_rows, const int64_t* positions, const float* keys, int64_t ld_keys,
+                      const float* values, int64_t t0, auto fill) {
+      const AttendArgs shared{.ldq = W,
+                              .rows = n_rows,
+                              .positions = positions,
+                              .kt = keys,
+                              .ldkt = ld_keys,
+                              .v = values,
+                              .ldv = W,
+                              .head_dim = W,
+                              .ldo = ld_lat,
+                              .v_dim = C,
+                              .scale = lh.scale,
+                              .ld_lse = lh.heads};
       for (int hp = h0; hp < h1; hp += together) {
         args.clear();
         for (int h = hp; h < std::min(h1, hp + together); ++h) {
           float* qh = qb.data() + static_cast<size_t>(h - hp) * rows * W;
+          fill(h, qh);
+          AttendArgs& a = args.emplace_back(shared);
           a.q = qh;
           a.scores = sc.data() + static_cast<size_t>(h - hp) * n_scores;
-          set(h, qh);
-          args.push_back(a);
+          a.out = out + t0 * ld_lat + int64_t{h} * C;
+          a.lse = lh.lse != nullptr ? lh.lse + t0 * lh.heads + h : nullptr;
         }
         AttendHeads(args.data(), static_cast<int>(args.size()), isa_);
       }
@@ -330,20 +342,11 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     // head; each sparse row reads its chosen positions once for all heads.
     int n_dense_rows = 0;
     while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
-    // The log-sum-exps, context parallel: [rows][heads].
-    a.ld_lse = lh.heads;
     if (n_dense_rows > 0) {
-      attend([&](int h, float* qh) {
-        for (int r = 0; r < n_dense_rows; ++r) query(r, h, qh + int64_t{r} * W);
-        a.rows = n_dense_rows;
-        a.positions = local_pos.data();
-        a.kt = kt.data();
-        a.ldkt = ldkt;
-        a.v = kb.data();
-        a.ldv = W;
-        a.out = out + row0 * ld_lat + int64_t{h} * C;
-        a.lse = lh.lse != nullptr ? lh.lse + row0 * lh.heads + h : nullptr;
-      });
+      attend(n_dense_rows, local_pos.data(), kt.data(), ldkt, kb.data(), row0,
+             [&](int h, float* qh) {
+               for (int r = 0; r < n_dense_rows; ++r) query(r, h, qh + int64_t{r} * W);
+             });
     }
     for (int r = n_dense_rows; r < rows; ++r) {
       const int64_t t = row0 + r;
@@ -373,17 +376,8 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
       Transpose(sv.data(), n_sel, W, W, skt.data(), ld_sel, isa_);
       const int64_t last = n_sel - 1;
-      attend([&](int h, float* qh) {
-        query(r, h, qh);
-        a.rows = 1;
-        a.positions = &last;
-        a.kt = skt.data();
-        a.ldkt = ld_sel;
-        a.v = sv.data();
-        a.ldv = W;
-        a.out = out + t * ld_lat + int64_t{h} * C;
-        a.lse = lh.lse != nullptr ? lh.lse + t * lh.heads + h : nullptr;
-      });
+      attend(1, &last, skt.data(), ld_sel, sv.data(), t,
+             [&](int h, float* qh) { query(r, h, qh); });
     }
   });
 }
