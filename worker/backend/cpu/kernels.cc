@@ -258,15 +258,7 @@ void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa) {
   for (int64_t c = 0; c < w.cols; ++c) out[c] = internal::ScaledWeight(w, row, r, c);
 }
 
-void AttendHead(const AttendArgs& args, Isa isa) {
-#if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
-    internal::AttendHeadAvx2(args);
-    return;
-  }
-#endif
-  internal::AttendHeadImpl(args);
-}
+void AttendHead(const AttendArgs& args, Isa isa) { AttendHeads(&args, 1, isa); }
 
 void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst, int64_t ld_dst,
                Isa isa) {

@@ -194,7 +194,6 @@ float Hsum8(const float* a);
 // The final sum of the 16 lanes of the matmul order above. Out of line, like
 // Hsum8, so every instruction-set file calls the same portable code.
 float Hsum16(const float* a);
-void AttendHeadAvx2(const AttendArgs& args);
 void AttendHeadsAvx2(const AttendArgs* heads, int count);
 void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
                    int64_t ld_dst);

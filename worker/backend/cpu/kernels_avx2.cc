@@ -318,8 +318,6 @@ void AttendHeadsAvx2(const AttendArgs* heads, int count) {
   }
 }
 
-void AttendHeadAvx2(const AttendArgs& a) { AttendPassAvx2(&a, 1); }
-
 void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
                    int64_t ld_dst) {
   const int64_t rows8 = rows - rows % 8;
