@@ -182,6 +182,14 @@ int64_t KvCache::ScaleOffset(int layer, int kv, int slot, int head) const {
   return elems_bytes_ + idx * int64_t{sizeof(float)};
 }
 
+KvCache::HeadRows KvCache::RowsOf(int32_t block, int layer, int kv, int head) const {
+  const uint8_t* base = BlockData(block);
+  const bool fp8 = spec_.dtype == DType::kFP8E4M3;
+  return {base + ElemOffset(layer, kv, 0, head), int64_t{kv_heads_} * head_dim_ * esize_,
+          fp8 ? base + ScaleOffset(layer, kv, 0, head) : nullptr,
+          int64_t{kv_heads_} * static_cast<int64_t>(sizeof(float))};
+}
+
 void KvCache::Store(int32_t block, int slot, int layer, int kv, const float* src) {
   uint8_t* base = BlockData(block);
   if (packed()) {

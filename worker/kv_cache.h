@@ -104,6 +104,33 @@ class KvCache {
   void GatherPositions(absl::Span<const int32_t> block_ids, absl::Span<const int32_t> positions,
                        int layer, int col0, int cols, float* dst, int64_t ld) const;
 
+  // Where KV head `head`'s rows of (layer, kv) lie in `block`, for a pool
+  // without the packed latent layout: slot s's head_dim() elements, in the
+  // pool's dtype, at elems + s * slot_stride bytes, and with FP8 its float
+  // scale at scales + s * scale_stride bytes (nullptr otherwise). Lets a
+  // backend convert a context with vector code of its own; Gather and
+  // GatherTransposed are the reference such code must equal bit for bit.
+  struct HeadRows {
+    const uint8_t* elems;
+    int64_t slot_stride;
+    const uint8_t* scales;
+    int64_t scale_stride;
+  };
+  HeadRows RowsOf(int32_t block, int layer, int kv, int head) const;
+  bool packed_latent() const { return packed(); }
+  // The packed latent layout (packed_latent()): position pos's record of
+  // `layer` (the latent's E4M3 bytes, one float scale per kLatentGroup of
+  // them, the BF16 rope key, then the index key's E4M3 bytes and its scale),
+  // for the same purpose; GatherColumns and GatherPositions are the
+  // reference.
+  const uint8_t* PackedRow(absl::Span<const int32_t> block_ids, int64_t pos, int layer) const {
+    const int bs = spec_.block_size;
+    return BlockData(block_ids[pos / bs]) + (int64_t{layer} * bs + pos % bs) * row_bytes_;
+  }
+  const LatentSplit& split() const { return split_; }
+  // The packed FP8 latent layout's group of latent values per scale.
+  static constexpr int kLatentGroup = 128;
+
   uint8_t* BlockData(int32_t block) { return data_.data() + block * block_bytes_; }
   const uint8_t* BlockData(int32_t block) const { return data_.data() + block * block_bytes_; }
 
@@ -134,8 +161,6 @@ class KvCache {
   const KvPoolSpec spec_;
   const LatentSplit split_;
   const int64_t esize_;
-  // The packed FP8 latent layout's group of latent values per scale.
-  static constexpr int kLatentGroup = 128;
   int64_t row_bytes_ = 0;    // packed: one token's row of one layer
   int64_t elems_bytes_ = 0;  // element region of one block
   int64_t block_bytes_ = 0;

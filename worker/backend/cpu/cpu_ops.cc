@@ -173,8 +173,10 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     // Every row, this chunk's own included, reads K/V back from the cache in
     // the stored dtype, exactly as a later decode step will; K straight into
     // the transposed rows the scores are taken over.
-    kv_->GatherTransposed(seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt);
-    kv_->Gather(seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd);
+    GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt, /*transposed=*/true,
+                 isa_);
+    GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd, /*transposed=*/false,
+                 isa_);
     const int64_t row0 = rows_.seq_row0[s];
     // The query heads of this KV head together: one pass over its K and V.
     std::vector<AttendArgs>& args = attend_args_[thread];
@@ -292,7 +294,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       qb.resize(static_cast<size_t>(rows) * W * together);
     }
     // Read back in the stored dtype, this round's rows too, as decode will.
-    kv_->GatherColumns(seq.block_ids, 0, n_dense, layer, 0, W, kb.data(), W);
+    GatherLatentRows(*kv_, seq.block_ids, 0, nullptr, n_dense, layer, 0, W, kb.data(), W, isa_);
     Transpose(kb.data(), n_dense, W, W, kt.data(), ldkt, isa_);
     const int64_t ld_lat = int64_t{lh.heads} * C;
     std::vector<float>& skt = sel_kt_[thread];
@@ -373,7 +375,8 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       sv.resize(static_cast<size_t>(n_sel) * W);
       const int64_t ld_sel = SpreadStride(n_sel);
       skt.resize(static_cast<size_t>(ld_sel) * W);
-      kv_->GatherPositions(seq.block_ids, chosen, layer, 0, W, sv.data(), W);
+      GatherLatentRows(*kv_, seq.block_ids, 0, chosen.data(), n_sel, layer, 0, W, sv.data(), W,
+                       isa_);
       Transpose(sv.data(), n_sel, W, W, skt.data(), ld_sel, isa_);
       const int64_t last = n_sel - 1;
       attend(1, &last, skt.data(), ld_sel, sv.data(), t,
@@ -437,8 +440,8 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
     const int64_t tasks = (n_ctx + kKeysPerTask - 1) / kKeysPerTask;
     pool_->ParallelFor(tasks, [&](int64_t task, int) {
       const int64_t j0 = task * kKeysPerTask, j1 = std::min(n_ctx, j0 + kKeysPerTask);
-      kv_->GatherColumns(seq.block_ids, j0, j1 - j0, layer, iq.key_offset, G,
-                         index_keys_.data() + j0 * G, G);
+      GatherLatentRows(*kv_, seq.block_ids, j0, nullptr, j1 - j0, layer, iq.key_offset, G,
+                       index_keys_.data() + j0 * G, G, isa_);
       if (pooled) return;
       Transpose(index_keys_.data() + j0 * I, j1 - j0, I, I, index_kt_.data() + j0, n_ctx, isa_);
     });

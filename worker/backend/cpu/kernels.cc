@@ -272,6 +272,68 @@ void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* 
     for (int c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
+void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t n, int layer,
+                  int kv, int head, float* dst, int64_t ld, bool transposed, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && !cache.packed_latent()) {
+    const int bs = cache.spec().block_size;
+    const int hd = cache.head_dim();
+    const DType dtype = cache.spec().dtype;
+    const int64_t row_bytes = int64_t{hd} * static_cast<int64_t>(DTypeSize(dtype));
+    const int64_t pos_stride = transposed ? 1 : ld, dim_stride = transposed ? ld : 1;
+    for (int64_t first = 0; first < n; first += bs) {
+      const KvCache::HeadRows rows = cache.RowsOf(block_ids[first / bs], layer, kv, head);
+      // The blocks lie anywhere in the pool, so no hardware prefetcher
+      // follows them from one to the next: ask for the next block's rows
+      // (a long context comes from DRAM every step). Rows shorter than a
+      // cache line (the bundled model's 32 bytes) are done before a miss
+      // would matter, and the prefetches cost more than they save there.
+      if (row_bytes >= 64 && first + bs < n) {
+        const KvCache::HeadRows next = cache.RowsOf(block_ids[first / bs + 1], layer, kv, head);
+        for (int s = 0; s < bs; ++s) {
+          for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch(next.elems + s * next.slot_stride + b, 0, 0);
+          }
+        }
+        if (next.scales != nullptr) {
+          for (int64_t b = 0; b < bs * next.scale_stride; b += 64) {
+            __builtin_prefetch(next.scales + b, 0, 0);
+          }
+        }
+      }
+      internal::ConvertKvBlockAvx2({dtype, rows, static_cast<int>(std::min<int64_t>(bs, n - first)),
+                                    hd, dst + first * pos_stride, pos_stride, dim_stride});
+    }
+    return;
+  }
+#endif
+  if (transposed) {
+    cache.GatherTransposed(block_ids, n, layer, kv, head, dst, ld);
+  } else {
+    cache.Gather(block_ids, n, layer, kv, head, dst, ld);
+  }
+}
+
+void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t first,
+                      const int32_t* positions, int64_t n, int layer, int col0, int cols,
+                      float* dst, int64_t ld, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && cache.packed_latent()) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = positions != nullptr ? positions[i] : first + i;
+      internal::ConvertPackedLatentRowAvx2(cache.PackedRow(block_ids, pos, layer), cache.split(),
+                                           col0, cols, dst + i * ld);
+    }
+    return;
+  }
+#endif
+  if (positions != nullptr) {
+    cache.GatherPositions(block_ids, absl::MakeConstSpan(positions, n), layer, col0, cols, dst, ld);
+  } else {
+    cache.GatherColumns(block_ids, first, n, layer, col0, cols, dst, ld);
+  }
+}
+
 void AttendHeads(const AttendArgs* heads, int count, Isa isa) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {

@@ -31,6 +31,8 @@
 #include <initializer_list>
 #include <vector>
 
+#include "absl/types/span.h"
+#include "worker/kv_cache.h"
 #include "worker/model/model.h"
 #include "worker/thread_pool.h"
 
@@ -117,6 +119,26 @@ void AttendHeads(const AttendArgs* heads, int count, Isa isa);
 void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst, int64_t ld_dst,
                Isa isa);
 
+// Positions [0, n) of KV head `head` of (layer, kv) of a context held in
+// `block_ids`, converted to floats with exactly KvCache::Gather's bits (NaN
+// codes included): rows of ld floats, dst[pos * ld + d], or with
+// `transposed` GatherTransposed's dst[d * ld + pos]. Decode reads the whole
+// context through here every step; the vector path converts 8 dimensions of
+// a slot at once (FP8 by moving the E4M3 bits into an F32 and two exact
+// multiplies, no table) and writes the transposed form in 8 x 8 tiles.
+// Not for the packed latent layout (KvCache::packed_latent).
+void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t n, int layer,
+                  int kv, int head, float* dst, int64_t ld, bool transposed, Isa isa);
+
+// Columns [col0, col0 + cols) of a latent cache's rows (whole parts, see
+// KvCache::GatherColumns) to dst rows of ld floats: of positions [first,
+// first + n), or with `positions` non-null of positions[0..n), in order.
+// Exactly GatherColumns' / GatherPositions' bits; the vector path converts
+// the packed FP8 layout 8 values at a time, as GatherKvHead does.
+void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t first,
+                      const int32_t* positions, int64_t n, int layer, int col0, int cols,
+                      float* dst, int64_t ld, Isa isa);
+
 // A row stride (in floats) for rows of n floats that a kernel reads side by
 // side (a transposed K, AttendArgs::kt; the panel's converted weight rows and
 // the scaled activations x' of a prefill tile): at least n, and an odd
@@ -198,6 +220,23 @@ void AttendHeadsAvx2(const AttendArgs* heads, int count);
 void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
                    int64_t ld_dst);
 void IndexerScoresAvx2(const IndexerScoreArgs& args);
+// One block's slots [0, slots) of a head's rows (KvCache::HeadRows) in
+// `dtype`, to dst[s * pos_stride + d * dim_stride]: GatherKvHead's vector
+// part. Either pos_stride or dim_stride is 1.
+struct KvBlockArgs {
+  DType dtype;
+  KvCache::HeadRows rows;
+  int slots;
+  int head_dim;
+  float* dst;
+  int64_t pos_stride;
+  int64_t dim_stride;
+};
+void ConvertKvBlockAvx2(const KvBlockArgs& args);
+// One packed latent record (KvCache::PackedRow), columns [col0, col0 + cols)
+// (whole parts) to dst: GatherLatentRows' vector part.
+void ConvertPackedLatentRowAvx2(const uint8_t* src, const LatentSplit& split, int col0, int cols,
+                                float* dst);
 void MatMulRangeAvx512(const Matrix& w, const float* x, int64_t ldx, int M, float* y, int64_t ldy,
                        int64_t n0, int64_t n1, bool panel);
 void DequantRowAvx512(const Matrix& w, int64_t r, float* out);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "worker/backend/cpu/attention_impl.h"
 #include "worker/backend/cpu/kernels.h"
@@ -318,6 +319,230 @@ void AttendHeadsAvx2(const AttendArgs* heads, int count) {
   }
 }
 
+namespace {
+
+// Rows t[0..8) of 8 floats transposed: u[i] is column i.
+inline void Transpose8x8(const __m256 t[8], __m256 u[8]) {
+  // Pairs, quads, then halves: the standard unpack/shuffle/permute tree.
+  const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
+  const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
+  const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
+  const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]), a7 = _mm256_unpackhi_ps(t[6], t[7]);
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+  const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+  const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+  u[0] = _mm256_permute2f128_ps(b0, b4, 0x20);
+  u[1] = _mm256_permute2f128_ps(b1, b5, 0x20);
+  u[2] = _mm256_permute2f128_ps(b2, b6, 0x20);
+  u[3] = _mm256_permute2f128_ps(b3, b7, 0x20);
+  u[4] = _mm256_permute2f128_ps(b0, b4, 0x31);
+  u[5] = _mm256_permute2f128_ps(b1, b5, 0x31);
+  u[6] = _mm256_permute2f128_ps(b2, b6, 0x31);
+  u[7] = _mm256_permute2f128_ps(b3, b7, 0x31);
+}
+
+// KvCache's conversion of one stored element: the edges of a block and the
+// FP8 slots holding a NaN code.
+inline float KvElem(DType dtype, const uint8_t* row, int d, float scale) {
+  switch (dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, row + 4 * d, 4);
+      return f;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t v;
+      std::memcpy(&v, row + 2 * d, 2);
+      return dtype == DType::kBF16 ? Bf16ToFloat(v) : F16ToFloat(v);
+    }
+    case DType::kFP8E4M3:
+      return Fp8E4M3ToFloat(row[d]) * scale;
+  }
+  return 0.0f;
+}
+
+// Elements [d, d + 8) of a stored row as floats; FP8 without its scale, as
+// the value times 2^-120 (KvRaw8 moves the E4M3 bits under F32's sign and
+// exponent, subnormals becoming F32 subnormals), which KvFinish8 multiplies
+// back: 2^120 exactly, then the scale, the one rounding the table's value
+// times the scale also takes. NaN codes come out as finite numbers here.
+template <DType D>
+inline __m256 KvRaw8(const uint8_t* row, int d) {
+  if constexpr (D == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  } else if constexpr (D == DType::kBF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    // Sign-extended, the byte's sign fills bits 7..31; shifted by 20 it is
+    // F32's sign (and bits 27..30, cleared), the exponent and mantissa bits
+    // land on 20..26.
+    const __m256i w =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d)));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(w, 20),
+                                                _mm256_set1_epi32(static_cast<int>(0x87F00000u))));
+  }
+}
+template <DType D>
+inline __m256 KvFinish8(__m256 raw, __m256 scale) {
+  if constexpr (D == DType::kFP8E4M3) {
+    return _mm256_mul_ps(_mm256_mul_ps(raw, _mm256_set1_ps(0x1p120f)), scale);
+  } else {
+    return raw;
+  }
+}
+
+// Whether a slot's FP8 row holds a NaN code (0x7F or 0xFF).
+inline bool HasFp8Nan(const uint8_t* row, int hd) {
+  const __m128i m = _mm_set1_epi8(0x7F);
+  int d = 0;
+  __m128i any = _mm_setzero_si128();
+  for (; d + 16 <= hd; d += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d));
+    any = _mm_or_si128(any, _mm_cmpeq_epi8(_mm_and_si128(b, m), m));
+  }
+  if (_mm_movemask_epi8(any) != 0) return true;
+  for (; d < hd; ++d) {
+    if ((row[d] & 0x7F) == 0x7F) return true;
+  }
+  return false;
+}
+
+template <DType D>
+void ConvertKvBlock(const KvBlockArgs& a) {
+  const int hd = a.head_dim, hd8 = hd & ~7;
+  const KvCache::HeadRows& r = a.rows;
+  auto row_of = [&](int s) { return r.elems + s * r.slot_stride; };
+  auto scale_of = [&](int s) {
+    float f = 1.0f;
+    if constexpr (D == DType::kFP8E4M3) std::memcpy(&f, r.scales + s * r.scale_stride, 4);
+    return f;
+  };
+  auto slow_slot = [&](int s) {
+    const uint8_t* row = row_of(s);
+    const float sc = scale_of(s);
+    for (int d = 0; d < hd; ++d) a.dst[s * a.pos_stride + d * a.dim_stride] = KvElem(D, row, d, sc);
+  };
+  if (a.dim_stride == 1) {
+    for (int s = 0; s < a.slots; ++s) {
+      const uint8_t* row = row_of(s);
+      if (D == DType::kFP8E4M3 && HasFp8Nan(row, hd)) {
+        slow_slot(s);
+        continue;
+      }
+      const float sc = scale_of(s);
+      const __m256 scv = _mm256_set1_ps(sc);
+      float* o = a.dst + s * a.pos_stride;
+      int d = 0;
+      for (; d < hd8; d += 8) _mm256_storeu_ps(o + d, KvFinish8<D>(KvRaw8<D>(row, d), scv));
+      for (; d < hd; ++d) o[d] = KvElem(D, row, d, sc);
+    }
+    return;
+  }
+  // Transposed: 8 slots' rows in, 8 dimensions' runs of 8 positions out. The
+  // scale multiplies each element alone, so it goes on after the transpose,
+  // as one vector of the 8 slots' scales.
+  const int64_t ld = a.dim_stride;
+  const int slots8 = a.slots & ~7;
+  for (int s0 = 0; s0 < slots8; s0 += 8) {
+    const uint8_t* rows[8];
+    float sc[8];
+    for (int i = 0; i < 8; ++i) {
+      rows[i] = row_of(s0 + i);
+      sc[i] = scale_of(s0 + i);
+    }
+    const __m256 scv = _mm256_loadu_ps(sc);
+    float* o = a.dst + s0;
+    for (int d = 0; d < hd8; d += 8) {
+      __m256 t[8];
+      for (int i = 0; i < 8; ++i) t[i] = KvRaw8<D>(rows[i], d);
+      __m256 u[8];
+      Transpose8x8(t, u);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + (d + i) * ld, KvFinish8<D>(u[i], scv));
+    }
+    for (int d = hd8; d < hd; ++d) {
+      for (int i = 0; i < 8; ++i) o[d * ld + i] = KvElem(D, rows[i], d, sc[i]);
+    }
+  }
+  for (int s = slots8; s < a.slots; ++s) slow_slot(s);
+  if constexpr (D == DType::kFP8E4M3) {
+    for (int s = 0; s < slots8; ++s) {
+      if (HasFp8Nan(row_of(s), hd)) slow_slot(s);
+    }
+  }
+}
+
+}  // namespace
+
+void ConvertKvBlockAvx2(const KvBlockArgs& a) {
+  switch (a.dtype) {
+    case DType::kF32:
+      return ConvertKvBlock<DType::kF32>(a);
+    case DType::kBF16:
+      return ConvertKvBlock<DType::kBF16>(a);
+    case DType::kFP8E4M3:
+      return ConvertKvBlock<DType::kFP8E4M3>(a);
+    case DType::kF16:  // not a pool dtype (KvCache::Create refuses it)
+      for (int s = 0; s < a.slots; ++s) {
+        for (int d = 0; d < a.head_dim; ++d) {
+          a.dst[s * a.pos_stride + d * a.dim_stride] =
+              KvElem(a.dtype, a.rows.elems + s * a.rows.slot_stride, d, 1.0f);
+        }
+      }
+      return;
+  }
+}
+
+namespace {
+
+// n E4M3 codes times `scale`, as KvCache converts them.
+inline void Fp8Run(const uint8_t* src, int n, float scale, float* dst) {
+  int i = 0;
+  if (!HasFp8Nan(src, n)) {
+    const __m256 scv = _mm256_set1_ps(scale);
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(dst + i, KvFinish8<DType::kFP8E4M3>(KvRaw8<DType::kFP8E4M3>(src, i), scv));
+    }
+  }
+  for (; i < n; ++i) dst[i] = KvElem(DType::kFP8E4M3, src, i, scale);
+}
+
+inline void Bf16Run(const uint8_t* src, int n, float* dst) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, KvRaw8<DType::kBF16>(src, i));
+  for (; i < n; ++i) dst[i] = KvElem(DType::kBF16, src, i, 1.0f);
+}
+
+}  // namespace
+
+void ConvertPackedLatentRowAvx2(const uint8_t* src, const LatentSplit& split, int col0, int cols,
+                                float* dst) {
+  const int C = split.latent, R = split.rope, I = split.index;
+  const int group = KvCache::kLatentGroup;
+  const int groups = (C + group - 1) / group;
+  const uint8_t* scales = src + C;
+  const uint8_t* rope = scales + 4 * groups;
+  // Whole parts, as KvCache::GatherColumns takes them; dst starts at col0.
+  dst -= col0;
+  if (col0 == 0) {
+    for (int g = 0; g < groups; ++g) {
+      float scale;
+      std::memcpy(&scale, scales + 4 * g, 4);
+      const int c0 = g * group;
+      Fp8Run(src + c0, std::min(group, C - c0), scale, dst + c0);
+    }
+    Bf16Run(rope, R, dst + C);
+  }
+  if (I > 0 && col0 + cols == C + R + I) {
+    const uint8_t* index = rope + 2 * R;
+    float scale;
+    std::memcpy(&scale, index + I, 4);
+    Fp8Run(index, I, scale, dst + C + R);
+  }
+}
+
 void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, float* dst,
                    int64_t ld_dst) {
   const int64_t rows8 = rows - rows % 8;
@@ -329,24 +554,10 @@ void TransposeAvx2(const float* src, int64_t rows, int cols, int64_t ld_src, flo
     for (int c = 0; c < cols8; c += 8) {
       __m256 t[8];
       for (int i = 0; i < 8; ++i) t[i] = _mm256_loadu_ps(s + i * ld_src + c);
-      // Pairs, quads, then halves: the standard unpack/shuffle/permute tree.
-      const __m256 a0 = _mm256_unpacklo_ps(t[0], t[1]), a1 = _mm256_unpackhi_ps(t[0], t[1]);
-      const __m256 a2 = _mm256_unpacklo_ps(t[2], t[3]), a3 = _mm256_unpackhi_ps(t[2], t[3]);
-      const __m256 a4 = _mm256_unpacklo_ps(t[4], t[5]), a5 = _mm256_unpackhi_ps(t[4], t[5]);
-      const __m256 a6 = _mm256_unpacklo_ps(t[6], t[7]), a7 = _mm256_unpackhi_ps(t[6], t[7]);
-      const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
-      const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
-      const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
-      const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+      __m256 u[8];
+      Transpose8x8(t, u);
       float* d = dst + int64_t{c} * ld_dst + r;
-      _mm256_storeu_ps(d + 0 * ld_dst, _mm256_permute2f128_ps(b0, b4, 0x20));
-      _mm256_storeu_ps(d + 1 * ld_dst, _mm256_permute2f128_ps(b1, b5, 0x20));
-      _mm256_storeu_ps(d + 2 * ld_dst, _mm256_permute2f128_ps(b2, b6, 0x20));
-      _mm256_storeu_ps(d + 3 * ld_dst, _mm256_permute2f128_ps(b3, b7, 0x20));
-      _mm256_storeu_ps(d + 4 * ld_dst, _mm256_permute2f128_ps(b0, b4, 0x31));
-      _mm256_storeu_ps(d + 5 * ld_dst, _mm256_permute2f128_ps(b1, b5, 0x31));
-      _mm256_storeu_ps(d + 6 * ld_dst, _mm256_permute2f128_ps(b2, b6, 0x31));
-      _mm256_storeu_ps(d + 7 * ld_dst, _mm256_permute2f128_ps(b3, b7, 0x31));
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(d + i * ld_dst, u[i]);
     }
     for (int c = cols8; c < cols; ++c)
       for (int64_t i = r; i < r + 8; ++i) dst[c * ld_dst + i] = src[i * ld_src + c];

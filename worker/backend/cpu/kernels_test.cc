@@ -4,6 +4,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -707,6 +708,156 @@ TEST(IndexerScores, SameOnEveryIsaAndForAnyKeyCount) {
       want += w[h] * std::max(dot, 0.0);
     }
     EXPECT_NEAR(all[j], want, 1e-4) << j;
+  }
+}
+
+// A head's context read through GatherKvHead is KvCache::Gather's floats bit
+// for bit, row-wise and transposed, on every instruction set: every pool
+// dtype, head widths with and without a tail of 8, contexts ending inside a
+// block and inside a group of 8 slots, FP8 slots holding NaN codes,
+// subnormal codes and scales far from 1. Nothing outside the context is
+// written.
+TEST(GatherKvHead, EveryIsaGivesTheCacheGatherBits) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> magnitude(-30, 30);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
+    for (auto [kv_heads, hd, bs] : {std::tuple{2, 8, 16}, std::tuple{3, 64, 16},
+                                    std::tuple{1, 20, 16}, std::tuple{2, 13, 5}}) {
+      KvPoolSpec spec;
+      spec.num_blocks = 12;
+      spec.block_size = bs;
+      spec.dtype = dtype;
+      auto cache = KvCache::Create(2, kv_heads, hd, spec);
+      ASSERT_TRUE(cache.ok());
+      // Blocks out of order, as a pool hands them out.
+      const std::vector<int32_t> blocks = {7, 2, 11, 0, 5, 9, 1, 3, 10, 4, 6, 8};
+      const int64_t cap = int64_t{bs} * static_cast<int64_t>(blocks.size());
+      std::vector<float> row(kv_heads * hd);
+      for (int64_t p = 0; p < cap; ++p) {
+        // Each token its own magnitude: FP8 scales from 2^-30 to 2^30.
+        const float m = std::ldexp(1.0f, magnitude(rng));
+        for (int layer = 0; layer < 2; ++layer) {
+          for (int kv = 0; kv < 2; ++kv) {
+            for (float& x : row) x = u(rng) * m;
+            // A few tiny values among large ones: FP8 subnormal codes.
+            row[p % row.size()] *= 1e-3f;
+            (*cache)->Store(blocks[p / bs], static_cast<int>(p % bs), layer, kv, row.data());
+          }
+        }
+      }
+      if (dtype == DType::kFP8E4M3) {
+        // NaN codes in a few slots (a NaN activation stores 0x7F).
+        for (int64_t p : {int64_t{3}, int64_t{bs + 1}, cap - 2}) {
+          for (int kv = 0; kv < 2; ++kv) {
+            const KvCache::HeadRows r = (*cache)->RowsOf(blocks[p / bs], 1, kv, kv_heads - 1);
+            (*cache)->BlockData(blocks[p / bs])[r.elems - (*cache)->BlockData(blocks[p / bs]) +
+                                                (p % bs) * r.slot_stride + hd / 2] =
+                p % 2 == 0 ? 0x7F : 0xFF;
+          }
+        }
+      }
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{bs}, int64_t{bs + 9}, cap - 3, cap}) {
+        for (bool transposed : {false, true}) {
+          const int64_t ld = transposed ? SpreadStride(n) : hd + 3;
+          const int64_t size = transposed ? hd * ld : n * ld;
+          for (int layer = 0; layer < 2; ++layer) {
+            for (int kv = 0; kv < 2; ++kv) {
+              for (int head = 0; head < kv_heads; ++head) {
+                std::vector<float> want(size, -7.0f);
+                if (transposed) {
+                  (*cache)->GatherTransposed(blocks, n, layer, kv, head, want.data(), ld);
+                } else {
+                  (*cache)->Gather(blocks, n, layer, kv, head, want.data(), ld);
+                }
+                for (Isa isa : SupportedIsas()) {
+                  std::vector<float> got(size, -7.0f);
+                  GatherKvHead(**cache, blocks, n, layer, kv, head, got.data(), ld, transposed,
+                               isa);
+                  ASSERT_TRUE(SameBits(got, want))
+                      << IsaName(isa) << " " << DTypeName(dtype) << " hd " << hd << " bs " << bs
+                      << " n " << n << (transposed ? " transposed" : " rows") << " layer " << layer
+                      << " kv " << kv << " head " << head;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A latent cache's rows read through GatherLatentRows are GatherColumns' and
+// GatherPositions' floats bit for bit on every instruction set: the packed
+// FP8 layout with latent widths that are and are not whole groups of 128,
+// index keys of odd widths, NaN codes in the latent and the index key, and a
+// float pool for the path that is not packed. Nothing outside the rows is
+// written.
+TEST(GatherLatentRows, EveryIsaGivesTheCacheGatherBits) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> magnitude(-20, 20);
+  for (DType dtype : {DType::kFP8E4M3, DType::kF32}) {
+    for (LatentSplit split :
+         {LatentSplit{256, 32, 0}, LatentSplit{200, 12, 41}, LatentSplit{128, 64, 64}}) {
+      const int W = split.latent + split.rope + split.index;
+      KvPoolSpec spec;
+      spec.num_blocks = 6;
+      spec.block_size = 16;
+      spec.dtype = dtype;
+      auto cache = KvCache::Create(2, 1, W, spec, 1, split);
+      ASSERT_TRUE(cache.ok());
+      const std::vector<int32_t> blocks = {4, 1, 5, 0, 3, 2};
+      const int64_t cap = 16 * static_cast<int64_t>(blocks.size());
+      std::vector<float> row(W);
+      for (int64_t p = 0; p < cap; ++p) {
+        const float m = std::ldexp(1.0f, magnitude(rng));
+        for (int layer = 0; layer < 2; ++layer) {
+          for (float& x : row) x = u(rng) * m;
+          row[p % W] *= 1e-3f;
+          (*cache)->Store(blocks[p / 16], static_cast<int>(p % 16), layer, 0, row.data());
+        }
+      }
+      if ((*cache)->packed_latent()) {
+        // NaN codes: a latent byte of one position, an index byte of another.
+        const_cast<uint8_t*>((*cache)->PackedRow(blocks, 5, 1))[split.latent - 1] = 0x7F;
+        if (split.index > 0) {
+          const int64_t index0 = split.latent + 4 * ((split.latent + 127) / 128) + 2 * split.rope;
+          const_cast<uint8_t*>((*cache)->PackedRow(blocks, 40, 0))[index0 + 3] = 0xFF;
+        }
+      }
+      std::vector<std::pair<int, int>> parts = {{0, split.latent + split.rope}};
+      if (split.index > 0) parts.push_back({split.latent + split.rope, split.index});
+      if (split.index > 0 || dtype != DType::kFP8E4M3) parts.push_back({0, W});
+      const std::vector<int32_t> picked = {0, 5, 6, 17, 40, 41, 95};
+      for (auto [col0, cols] : parts) {
+        const int64_t ld = cols + 5;
+        for (int layer = 0; layer < 2; ++layer) {
+          for (auto [first, n] : {std::pair<int64_t, int64_t>{0, cap}, {3, 50}}) {
+            std::vector<float> want(n * ld, -7.0f);
+            (*cache)->GatherColumns(blocks, first, n, layer, col0, cols, want.data(), ld);
+            for (Isa isa : SupportedIsas()) {
+              std::vector<float> got(n * ld, -7.0f);
+              GatherLatentRows(**cache, blocks, first, nullptr, n, layer, col0, cols, got.data(),
+                               ld, isa);
+              ASSERT_TRUE(SameBits(got, want))
+                  << IsaName(isa) << " " << DTypeName(dtype) << " " << split.latent << "/"
+                  << split.rope << "/" << split.index << " cols " << col0 << "+" << cols;
+            }
+          }
+          const int64_t n = static_cast<int64_t>(picked.size());
+          std::vector<float> want(n * ld, -7.0f);
+          (*cache)->GatherPositions(blocks, picked, layer, col0, cols, want.data(), ld);
+          for (Isa isa : SupportedIsas()) {
+            std::vector<float> got(n * ld, -7.0f);
+            GatherLatentRows(**cache, blocks, 0, picked.data(), n, layer, col0, cols, got.data(),
+                             ld, isa);
+            ASSERT_TRUE(SameBits(got, want)) << IsaName(isa) << " positions";
+          }
+        }
+      }
+    }
   }
 }
 
