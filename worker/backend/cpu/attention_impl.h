@@ -62,7 +62,7 @@ static_assert(kSoftmaxLanes == 8, "Hsum8 sums the lanes");
 // position, each output is one FMA chain as long as the context (4 cycles of
 // latency a position, most of a head_dim-8 row's attention). Wider values
 // keep that order: their outputs are already that many independent chains.
-inline constexpr int kNarrowValues = 16;
+inline constexpr int kNarrowValues = kNarrowValueDims;
 inline constexpr int kValueLanes = 4;
 static_assert(kValueLanes == 4, "the partial sums are added as (s0 + s1) + (s2 + s3)");
 

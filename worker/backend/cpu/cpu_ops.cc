@@ -14,6 +14,10 @@ namespace {
 // pass over the latents, a prefill chunk's hundreds of rows fewer.
 constexpr int64_t kHeadsTogether = 16;
 constexpr int64_t kTogetherQueryFloats = int64_t{1} << 20;
+// Query rows of a sequence up to which AttendPaged converts the context a
+// tile at a time for each row, rather than once into a float copy that all
+// rows read.
+constexpr int kTileSourceRows = 4;
 
 }  // namespace
 
@@ -168,15 +172,24 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     std::vector<float>& vb = vbuf_[thread];
     std::vector<float>& sc = scores_[thread];
     const int64_t ldkt = SpreadStride(n_ctx);
-    if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
-    if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
     // Every row, this chunk's own included, reads K/V back from the cache in
-    // the stored dtype, exactly as a later decode step will; K straight into
-    // the transposed rows the scores are taken over.
-    GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt, /*transposed=*/true,
-                 isa_);
-    GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd, /*transposed=*/false,
-                 isa_);
+    // the stored dtype, exactly as a later decode step will. A few rows (a
+    // decode step, a verify row) read the blocks a tile at a time as the
+    // kernel reaches them: a float copy of a long context is 4 bytes a value
+    // written and read back for FP8's 1 read. Many rows (a prefill chunk)
+    // share one copy, K straight into the transposed rows the scores are
+    // taken over. The floats, hence the results, are the same either way.
+    const PagedKvHead paged{kv_, seq.block_ids, n_ctx, layer, g, isa_};
+    const KvTileSource source{FillPagedKvHead, &paged};
+    const bool tiles = rows <= kTileSourceRows && hd > kNarrowValueDims && isa_ != Isa::kScalar;
+    if (!tiles) {
+      if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
+      if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
+      GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 0, g, kt.data(), ldkt, /*transposed=*/true,
+                   isa_);
+      GatherKvHead(*kv_, seq.block_ids, n_ctx, layer, 1, g, vb.data(), hd, /*transposed=*/false,
+                   isa_);
+    }
     const int64_t row0 = rows_.seq_row0[s];
     // The query heads of this KV head together: one pass over its K and V.
     std::vector<AttendArgs>& args = attend_args_[thread];
@@ -196,6 +209,7 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
       a.head_dim = hd;
       a.out = out + row0 * ldq + int64_t{h} * hd;
       a.ldo = ldq;
+      if (tiles) a.source = &source;
       args.push_back(a);
     }
     if (sc.size() < args.size() * n_ctx) sc.resize(args.size() * n_ctx);

@@ -272,38 +272,59 @@ void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* 
     for (int c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
+namespace {
+
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+// Positions [j0, j1) of a KV head (not packed) converted by the vector
+// kernel into dst, position j at (j - j0) * pos_stride; `limit`, the end of
+// the context, bounds the prefetch of the block after each one.
+void GatherKvRangeAvx2(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t j0,
+                       int64_t j1, int64_t limit, int layer, int kv, int head, float* dst,
+                       int64_t ld, bool transposed) {
+  const int bs = cache.spec().block_size;
+  const int hd = cache.head_dim();
+  const DType dtype = cache.spec().dtype;
+  const int64_t row_bytes = int64_t{hd} * static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t pos_stride = transposed ? 1 : ld, dim_stride = transposed ? ld : 1;
+  for (int64_t p = j0; p < j1;) {
+    const int64_t b = p / bs;
+    const int s0 = static_cast<int>(p % bs);
+    const int slots = static_cast<int>(std::min<int64_t>(bs - s0, j1 - p));
+    KvCache::HeadRows rows = cache.RowsOf(block_ids[b], layer, kv, head);
+    rows.elems += s0 * rows.slot_stride;
+    if (rows.scales != nullptr) rows.scales += s0 * rows.scale_stride;
+    // The blocks lie anywhere in the pool, so no hardware prefetcher
+    // follows them from one to the next: ask for the next block's rows
+    // (a long context comes from DRAM every step). Rows shorter than a
+    // cache line (the bundled model's 32 bytes) are done before a miss
+    // would matter, and the prefetches cost more than they save there.
+    if (row_bytes >= 64 && (b + 1) * bs < limit) {
+      const KvCache::HeadRows next = cache.RowsOf(block_ids[b + 1], layer, kv, head);
+      for (int s = 0; s < bs; ++s) {
+        for (int64_t i = 0; i < row_bytes; i += 64) {
+          __builtin_prefetch(next.elems + s * next.slot_stride + i, 0, 0);
+        }
+      }
+      if (next.scales != nullptr) {
+        for (int64_t i = 0; i < bs * next.scale_stride; i += 64) {
+          __builtin_prefetch(next.scales + i, 0, 0);
+        }
+      }
+    }
+    internal::ConvertKvBlockAvx2(
+        {dtype, rows, slots, hd, dst + (p - j0) * pos_stride, pos_stride, dim_stride});
+    p += slots;
+  }
+}
+#endif
+
+}  // namespace
+
 void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t n, int layer,
                   int kv, int head, float* dst, int64_t ld, bool transposed, Isa isa) {
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && !cache.packed_latent()) {
-    const int bs = cache.spec().block_size;
-    const int hd = cache.head_dim();
-    const DType dtype = cache.spec().dtype;
-    const int64_t row_bytes = int64_t{hd} * static_cast<int64_t>(DTypeSize(dtype));
-    const int64_t pos_stride = transposed ? 1 : ld, dim_stride = transposed ? ld : 1;
-    for (int64_t first = 0; first < n; first += bs) {
-      const KvCache::HeadRows rows = cache.RowsOf(block_ids[first / bs], layer, kv, head);
-      // The blocks lie anywhere in the pool, so no hardware prefetcher
-      // follows them from one to the next: ask for the next block's rows
-      // (a long context comes from DRAM every step). Rows shorter than a
-      // cache line (the bundled model's 32 bytes) are done before a miss
-      // would matter, and the prefetches cost more than they save there.
-      if (row_bytes >= 64 && first + bs < n) {
-        const KvCache::HeadRows next = cache.RowsOf(block_ids[first / bs + 1], layer, kv, head);
-        for (int s = 0; s < bs; ++s) {
-          for (int64_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch(next.elems + s * next.slot_stride + b, 0, 0);
-          }
-        }
-        if (next.scales != nullptr) {
-          for (int64_t b = 0; b < bs * next.scale_stride; b += 64) {
-            __builtin_prefetch(next.scales + b, 0, 0);
-          }
-        }
-      }
-      internal::ConvertKvBlockAvx2({dtype, rows, static_cast<int>(std::min<int64_t>(bs, n - first)),
-                                    hd, dst + first * pos_stride, pos_stride, dim_stride});
-    }
+    GatherKvRangeAvx2(cache, block_ids, 0, n, n, layer, kv, head, dst, ld, transposed);
     return;
   }
 #endif
@@ -311,6 +332,34 @@ void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int
     cache.GatherTransposed(block_ids, n, layer, kv, head, dst, ld);
   } else {
     cache.Gather(block_ids, n, layer, kv, head, dst, ld);
+  }
+}
+
+void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
+  const PagedKvHead& c = *static_cast<const PagedKvHead*>(ctx);
+  const int kv = values ? 1 : 0;
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if ((c.isa == Isa::kAvx2 || c.isa == Isa::kAvx512) && !c.cache->packed_latent()) {
+    GatherKvRangeAvx2(*c.cache, c.block_ids, j0, j1, c.n, c.layer, kv, c.head, dst, ld, !values);
+    return;
+  }
+#endif
+  // The pool's own gathers start at a block: from j0's block, then the part
+  // asked for (the scalar path asks for the whole context, j0 = 0).
+  const int bs = c.cache->spec().block_size;
+  const int hd = c.cache->head_dim();
+  const int64_t b0 = j0 / bs, first = b0 * bs, m = j1 - first;
+  std::vector<float> tmp(static_cast<size_t>(m * hd));
+  c.cache->Gather(c.block_ids.subspan(b0), m, c.layer, kv, c.head, tmp.data(), hd);
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int d = 0; d < hd; ++d) {
+      const float x = tmp[(j - first) * hd + d];
+      if (values) {
+        dst[(j - j0) * ld + d] = x;
+      } else {
+        dst[d * ld + (j - j0)] = x;
+      }
+    }
   }
 }
 
@@ -335,6 +384,29 @@ void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids,
 }
 
 void AttendHeads(const AttendArgs* heads, int count, Isa isa) {
+  const AttendArgs& a0 = heads[0];
+  const int vd = a0.v_dim > 0 ? a0.v_dim : a0.head_dim;
+  const bool vector = isa == Isa::kAvx2 || isa == Isa::kAvx512;
+  if (a0.source != nullptr && (!vector || vd <= internal::kNarrowValues)) {
+    // The paths that read the whole context: fill it once, then attend as
+    // to any copy (the floats are the same, so are the results).
+    const int64_t n = a0.positions[a0.rows - 1] + 1;
+    const int64_t ldkt = SpreadStride(n), ldv = std::max(a0.head_dim, vd);
+    std::vector<float> kt(static_cast<size_t>(ldkt * a0.head_dim));
+    std::vector<float> v(static_cast<size_t>(n * ldv));
+    a0.source->fill(a0.source->ctx, false, 0, n, kt.data(), ldkt);
+    a0.source->fill(a0.source->ctx, true, 0, n, v.data(), ldv);
+    std::vector<AttendArgs> copies(heads, heads + count);
+    for (AttendArgs& c : copies) {
+      c.kt = kt.data();
+      c.ldkt = ldkt;
+      c.v = v.data();
+      c.ldv = ldv;
+      c.source = nullptr;
+    }
+    AttendHeads(copies.data(), count, isa);
+    return;
+  }
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
     internal::AttendHeadsAvx2(heads, count);

@@ -76,6 +76,23 @@ void MatMulRange(const Matrix& w, const float* x, int64_t ldx, int M, float* y, 
 // floats (embedding lookup, a transposed product).
 void DequantRow(const Matrix& w, int64_t r, float* out, Isa isa);
 
+// A context that attention reads a tile at a time (AttendArgs::source), so
+// that no float copy of the whole of it is written and read back: fill
+// converts positions [j0, j1) of K transposed, dst[d * ld + j - j0] (values
+// false), or of V as rows, dst[(j - j0) * ld + d] (values true), at most
+// kAttendKTile positions of K and kAttendVTile of V at a time on the vector
+// paths (the scalar path and narrow values take the whole context at once).
+struct KvTileSource {
+  void (*fill)(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
+  const void* ctx;
+};
+inline constexpr int kAttendKTile = 32;
+inline constexpr int kAttendVTile = 64;
+// Values of at most this many dimensions are summed in partial sums over
+// the whole context (attention_impl.h), so a source is filled whole for
+// them: no gain over a copy.
+inline constexpr int kNarrowValueDims = 16;
+
 // Causal attention of query rows of one head against its K and V, already
 // converted to float for context positions 0, 1, ... K comes transposed so the
 // scores of consecutive positions are computed side by side: score(r, j) is
@@ -103,10 +120,14 @@ struct AttendArgs {
   // parts of a context (decode context parallel).
   float* lse = nullptr;
   int64_t ld_lse = 0;
+  // Optional: K and V from here instead of kt and v (which are then not
+  // read), with the same results bit for bit: each position's and each
+  // output's operations are the same, only where the floats lie differs.
+  const KvTileSource* source = nullptr;
 };
 void AttendHead(const AttendArgs& args, Isa isa);
 // Several heads against the same keys and values: the entries share kt,
-// ldkt, v, ldv, head_dim, v_dim, scale, rows and positions, each with its
+// ldkt, v, ldv, source, head_dim, v_dim, scale, rows and positions, each with its
 // own q, out, lse and scores. Every head's results are AttendHead's bits;
 // the vector kernels take each block of K, and of V, once for a pass of
 // heads instead of once per head (a long context's copies come from DRAM,
@@ -129,6 +150,20 @@ void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* 
 // Not for the packed latent layout (KvCache::packed_latent).
 void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t n, int layer,
                   int kv, int head, float* dst, int64_t ld, bool transposed, Isa isa);
+
+// A KvTileSource over KV head `head` of (layer) of a context of n
+// positions held in `block_ids` of a pool that is not the packed latent
+// layout: fill is FillPagedKvHead, ctx a PagedKvHead, and the floats are
+// GatherKvHead's.
+struct PagedKvHead {
+  const KvCache* cache;
+  absl::Span<const int32_t> block_ids;
+  int64_t n;
+  int layer;
+  int head;
+  Isa isa;
+};
+void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
 
 // Columns [col0, col0 + cols) of a latent cache's rows (whole parts, see
 // KvCache::GatherColumns) to dst rows of ld floats: of positions [first,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "worker/backend/cpu/attention_impl.h"
 #include "worker/backend/cpu/kernels.h"
@@ -152,14 +153,15 @@ __m256 SoftmaxExp8(__m256 x) {
 }
 
 // Scores of positions [j0, j0 + 8 * V) for query q, scaled, stored in s.
+// K's position j0 is column kj of kt (rows of ldkt floats).
 template <int V>
-void ScoreBlock(const AttendArgs& a, const float* q, int64_t j0, __m256 scale, bool multiply,
-                float* s, __m256* lane_max) {
+void ScoreBlock(const AttendArgs& a, const float* q, const float* kt, int64_t ldkt, int64_t kj,
+                int64_t j0, __m256 scale, bool multiply, float* s, __m256* lane_max) {
   __m256 acc[V];
   for (int i = 0; i < V; ++i) acc[i] = _mm256_setzero_ps();
   for (int d = 0; d < a.head_dim; ++d) {
     const __m256 qd = _mm256_set1_ps(q[d]);
-    const float* kd = a.kt + d * a.ldkt + j0;
+    const float* kd = kt + d * ldkt + kj;
     for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kd + 8 * i), acc[i]);
   }
   for (int i = 0; i < V; ++i) {
@@ -174,8 +176,9 @@ void ScoreBlock(const AttendArgs& a, const float* q, int64_t j0, __m256 scale, b
 // (less at the end of vd, a multiple of 8), so the accumulators stay in
 // registers; from zero at j0 = 0, else on from what o holds: an output's
 // chain stays in increasing position however the positions are split.
-void AccumulateValues(const AttendArgs& a, const float* p, int64_t j0, int64_t j1, int d0, int vd,
-                      float* o) {
+// V's row j is at v + (j - v0) * ldv.
+void AccumulateValues(const float* v_rows, int64_t ldv, int64_t v0, const float* p, int64_t j0,
+                      int64_t j1, int d0, int vd, float* o) {
   constexpr int kChunk = 8;
   const int vecs = (vd - d0) / 8 < kChunk ? (vd - d0) / 8 : kChunk;
   __m256 acc[kChunk];
@@ -183,7 +186,7 @@ void AccumulateValues(const AttendArgs& a, const float* p, int64_t j0, int64_t j
     acc[i] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + d0 + 8 * i);
   for (int64_t j = j0; j < j1; ++j) {
     const __m256 pj = _mm256_set1_ps(p[j]);
-    const float* v = a.v + j * a.ldv + d0;
+    const float* v = v_rows + (j - v0) * ldv + d0;
     for (int i = 0; i < vecs; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
   }
   for (int i = 0; i < vecs; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
@@ -219,13 +222,17 @@ void AccumulateNarrowValues(const AttendArgs& a, const float* p, int64_t n, floa
 // kValueChunk positions of V stay in L2 while every head of the pass uses
 // them.
 constexpr int kHeadsPerPass = 16;
-constexpr int64_t kValueChunk = 64;
+constexpr int64_t kValueChunk = kAttendVTile;
+static_assert(kAttendKTile == 32, "a tile of K is one 32-position block of scores");
 
 // AttendHeadImpl's arithmetic for each head of the pass, each position's and
 // each output's operations in the same order (checked bit for bit against it
 // by kernels_test), with the positions' loops on 8 lanes: the lane j % 8 of
 // the max and the sum is the register lane. Only the order in which heads
 // and blocks of positions are visited differs from one head at a time.
+// With a KvTileSource (AttendArgs::source, wide values only: AttendHeads
+// hands narrow ones whole copies) K comes a kAttendKTile block at a time and
+// V a kValueChunk at a time, each converted once for the pass's heads.
 void AttendPassAvx2(const AttendArgs* hs, int count) {
   constexpr int L = kSoftmaxLanes;
   static_assert(L == 8, "one register of lanes");
@@ -236,24 +243,52 @@ void AttendPassAvx2(const AttendArgs* hs, int count) {
   const __m256 scale = _mm256_set1_ps(scale_f);
   const int vd = a0.v_dim > 0 ? a0.v_dim : a0.head_dim;
   const int vd8 = vd - vd % 8;
+  const KvTileSource* src = a0.source;
+  // The tiles of a source: a few KiB per thread, reused for every call.
+  thread_local std::vector<float> k_tile, v_tile;
+  const int64_t ld_vtile = std::max(a0.head_dim, vd);
+  if (src != nullptr) {
+    k_tile.resize(static_cast<size_t>(kAttendKTile) * a0.head_dim);
+    v_tile.resize(static_cast<size_t>(kValueChunk * ld_vtile));
+  }
   for (int r = 0; r < a0.rows; ++r) {
     const int64_t n = a0.positions[r] + 1;
     const int64_t n_full = n - n % L;
     __m256 lane_max[kHeadsPerPass];
     for (int h = 0; h < count; ++h) lane_max[h] = _mm256_set1_ps(-INFINITY);
-    int64_t j = 0;
-    for (; j + 32 <= n_full; j += 32) {
-      for (int h = 0; h < count; ++h) {
-        ScoreBlock<4>(hs[h], hs[h].q + r * hs[h].ldq, j, scale, multiply, hs[h].scores,
-                      &lane_max[h]);
+    // Where K is: position j is column j - kt0 of kt. The positions past
+    // n_full (scored one at a time below) lie in the last tile a source
+    // filled, which starts at or before n_full.
+    const float* kt = a0.kt;
+    int64_t ldkt = a0.ldkt, kt0 = 0;
+    auto score = [&](int64_t j0, int64_t j1) {
+      int64_t j = j0;
+      for (; j + 32 <= j1; j += 32) {
+        for (int h = 0; h < count; ++h) {
+          ScoreBlock<4>(hs[h], hs[h].q + r * hs[h].ldq, kt, ldkt, j - kt0, j, scale, multiply,
+                        hs[h].scores, &lane_max[h]);
+        }
+      }
+      for (; j < j1; j += 8) {
+        for (int h = 0; h < count; ++h) {
+          ScoreBlock<1>(hs[h], hs[h].q + r * hs[h].ldq, kt, ldkt, j - kt0, j, scale, multiply,
+                        hs[h].scores, &lane_max[h]);
+        }
+      }
+    };
+    if (src == nullptr) {
+      score(0, n_full);
+    } else {
+      for (int64_t t0 = 0; t0 < n; t0 += kAttendKTile) {
+        const int64_t t1 = std::min<int64_t>(n, t0 + kAttendKTile);
+        src->fill(src->ctx, false, t0, t1, k_tile.data(), kAttendKTile);
+        kt = k_tile.data();
+        ldkt = kAttendKTile;
+        kt0 = t0;
+        score(t0, std::min(t1, n_full));
       }
     }
-    for (; j < n_full; j += 8) {
-      for (int h = 0; h < count; ++h) {
-        ScoreBlock<1>(hs[h], hs[h].q + r * hs[h].ldq, j, scale, multiply, hs[h].scores,
-                      &lane_max[h]);
-      }
-    }
+    int64_t j;
     for (int h = 0; h < count; ++h) {
       const AttendArgs& a = hs[h];
       const float* q = a.q + r * a.ldq;
@@ -262,7 +297,7 @@ void AttendPassAvx2(const AttendArgs* hs, int count) {
       _mm256_store_ps(lane, lane_max[h]);
       for (j = n_full; j < n; ++j) {
         float sj = 0.0f;
-        for (int d = 0; d < a.head_dim; ++d) sj = std::fma(q[d], a.kt[d * a.ldkt + j], sj);
+        for (int d = 0; d < a.head_dim; ++d) sj = std::fma(q[d], kt[d * ldkt + j - kt0], sj);
         sj = multiply ? sj * scale_f : sj / scale_f;
         s[j] = sj;
         lane[j - n_full] = sj > lane[j - n_full] ? sj : lane[j - n_full];
@@ -291,21 +326,28 @@ void AttendPassAvx2(const AttendArgs* hs, int count) {
       }
     }
     if (vd <= kNarrowValues) continue;
+    // Each output is one chain in increasing position, carried through o
+    // from one chunk to the next (the dimensions past vd8 too).
     for (int64_t j0 = 0; j0 < n; j0 += kValueChunk) {
       const int64_t j1 = std::min(n, j0 + kValueChunk);
-      for (int h = 0; h < count; ++h) {
-        for (int d0 = 0; d0 < vd8; d0 += 64) {
-          AccumulateValues(hs[h], hs[h].scores, j0, j1, d0, vd8, hs[h].out + r * hs[h].ldo);
-        }
+      const float* v = a0.v;
+      int64_t ldv = a0.ldv, v0 = 0;
+      if (src != nullptr) {
+        src->fill(src->ctx, true, j0, j1, v_tile.data(), ld_vtile);
+        v = v_tile.data();
+        ldv = ld_vtile;
+        v0 = j0;
       }
-    }
-    for (int h = 0; h < count; ++h) {
-      const AttendArgs& a = hs[h];
-      float* o = a.out + r * a.ldo;
-      for (int d = vd8; d < vd; ++d) {
-        float od = 0.0f;
-        for (j = 0; j < n; ++j) od = std::fma(a.scores[j], a.v[j * a.ldv + d], od);
-        o[d] = od;
+      for (int h = 0; h < count; ++h) {
+        float* o = hs[h].out + r * hs[h].ldo;
+        for (int d0 = 0; d0 < vd8; d0 += 64) {
+          AccumulateValues(v, ldv, v0, hs[h].scores, j0, j1, d0, vd8, o);
+        }
+        for (int d = vd8; d < vd; ++d) {
+          float od = j0 == 0 ? 0.0f : o[d];
+          for (j = j0; j < j1; ++j) od = std::fma(hs[h].scores[j], v[(j - v0) * ldv + d], od);
+          o[d] = od;
+        }
       }
     }
   }

@@ -861,5 +861,153 @@ TEST(GatherLatentRows, EveryIsaGivesTheCacheGatherBits) {
   }
 }
 
+// Attention reading its context through a KvTileSource gives the bits it
+// gives from float copies of the whole context, on every instruction set:
+// context lengths around the tile sizes (32 for K, 64 for V) and the 8-lane
+// blocks, narrow values (copied whole), a value width with a tail of 8 and
+// one below head_dim, more heads than a pass takes, decode and verify rows.
+struct CopySource {
+  const std::vector<float>* k;
+  const std::vector<float>* v;
+  int hd;
+};
+void FillFromCopies(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
+  const CopySource& c = *static_cast<const CopySource*>(ctx);
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int d = 0; d < c.hd; ++d) {
+      if (values) {
+        dst[(j - j0) * ld + d] = (*c.v)[j * c.hd + d];
+      } else {
+        dst[d * ld + (j - j0)] = (*c.k)[j * c.hd + d];
+      }
+    }
+  }
+}
+
+TEST(Attention, TileSourceEqualsWholeCopies) {
+  struct Shape {
+    int hd, vd, heads, rows;
+  };
+  for (const Shape& sh : {Shape{8, 0, 4, 1}, Shape{20, 0, 3, 1}, Shape{64, 0, 17, 1},
+                          Shape{64, 0, 8, 3}, Shape{72, 64, 5, 2}}) {
+    for (int n_ctx : {1, 5, 8, 31, 32, 33, 64, 65, 100, 257}) {
+      if (n_ctx < sh.rows) continue;
+      const int vd = sh.vd > 0 ? sh.vd : sh.hd;
+      const int64_t ldkt = SpreadStride(n_ctx);
+      std::vector<float> k = RandomX(n_ctx, sh.hd, 41), v = RandomX(n_ctx, sh.hd, 42);
+      std::vector<float> kt(sh.hd * ldkt);
+      for (int j = 0; j < n_ctx; ++j)
+        for (int d = 0; d < sh.hd; ++d) kt[d * ldkt + j] = k[j * sh.hd + d];
+      std::vector<int64_t> pos(sh.rows);
+      for (int r = 0; r < sh.rows; ++r) pos[r] = n_ctx - sh.rows + r;
+      const CopySource copies{&k, &v, sh.hd};
+      const KvTileSource source{FillFromCopies, &copies};
+      std::vector<std::vector<float>> q(sh.heads);
+      for (int h = 0; h < sh.heads; ++h) q[h] = RandomX(sh.rows, sh.hd, 200 + h);
+      for (Isa isa : SupportedIsas()) {
+        std::vector<std::vector<float>> out[2], lse[2], p[2];
+        for (int way = 0; way < 2; ++way) {
+          std::vector<AttendArgs> all;
+          out[way].resize(sh.heads);
+          lse[way].resize(sh.heads);
+          p[way].resize(sh.heads);
+          for (int h = 0; h < sh.heads; ++h) {
+            out[way][h].assign(sh.rows * vd, -1.0f);
+            lse[way][h].assign(sh.rows, 0.0f);
+            p[way][h].assign(n_ctx, 0.0f);
+            AttendArgs a{q[h].data(), sh.hd, sh.rows, pos.data(),       kt.data(),          ldkt,
+                         v.data(),    sh.hd, sh.hd,   p[way][h].data(), out[way][h].data(), vd};
+            a.v_dim = sh.vd;
+            a.lse = lse[way][h].data();
+            a.ld_lse = 1;
+            if (way == 1) {
+              a.kt = nullptr;
+              a.v = nullptr;
+              a.source = &source;
+            }
+            all.push_back(a);
+          }
+          AttendHeads(all.data(), sh.heads, isa);
+        }
+        for (int h = 0; h < sh.heads; ++h) {
+          ASSERT_TRUE(SameBits(out[1][h], out[0][h]))
+              << IsaName(isa) << " hd " << sh.hd << " n " << n_ctx << " head " << h;
+          ASSERT_TRUE(SameBits(lse[1][h], lse[0][h])) << IsaName(isa) << " n " << n_ctx;
+          ASSERT_TRUE(SameBits(p[1][h], p[0][h])) << IsaName(isa) << " n " << n_ctx;
+        }
+      }
+    }
+  }
+}
+
+// The paged pool as a tile source (FillPagedKvHead): the same bits as
+// attending to GatherKvHead's copies, block sizes that do and do not divide
+// the tiles, every pool dtype and instruction set.
+TEST(Attention, PagedSourceEqualsGatheredCopies) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kFP8E4M3}) {
+    for (int bs : {16, 5}) {
+      const int hd = 64, kv_heads = 2, heads = 4, layers = 1;
+      KvPoolSpec spec;
+      spec.num_blocks = 48;
+      spec.block_size = bs;
+      spec.dtype = dtype;
+      auto cache = KvCache::Create(layers, kv_heads, hd, spec);
+      ASSERT_TRUE(cache.ok());
+      std::vector<int32_t> blocks(spec.num_blocks);
+      for (int i = 0; i < spec.num_blocks; ++i) blocks[i] = (i * 7) % spec.num_blocks;
+      const int64_t n = int64_t{bs} * spec.num_blocks - 3;
+      std::vector<float> row(kv_heads * hd);
+      for (int64_t p = 0; p < n; ++p) {
+        for (int kv = 0; kv < 2; ++kv) {
+          for (float& x : row) x = u(rng);
+          (*cache)->Store(blocks[p / bs], static_cast<int>(p % bs), 0, kv, row.data());
+        }
+      }
+      const int64_t pos = n - 1;
+      const int64_t ldkt = SpreadStride(n);
+      for (Isa isa : SupportedIsas()) {
+        const int g = 1;
+        std::vector<float> kt(hd * ldkt), v(n * hd);
+        GatherKvHead(**cache, blocks, n, 0, 0, g, kt.data(), ldkt, true, isa);
+        GatherKvHead(**cache, blocks, n, 0, 1, g, v.data(), hd, false, isa);
+        const PagedKvHead ctx{cache->get(), blocks, n, 0, g, isa};
+        const KvTileSource source{FillPagedKvHead, &ctx};
+        std::vector<float> q = RandomX(heads, hd, 77);
+        std::vector<float> out[2], lse[2];
+        for (int way = 0; way < 2; ++way) {
+          out[way].assign(heads * hd, -1.0f);
+          lse[way].assign(heads, 0.0f);
+          std::vector<float> scores(heads * n);
+          std::vector<AttendArgs> all;
+          for (int h = 0; h < heads; ++h) {
+            AttendArgs a{q.data() + h * hd,
+                         hd,
+                         1,
+                         &pos,
+                         kt.data(),
+                         ldkt,
+                         v.data(),
+                         hd,
+                         hd,
+                         scores.data() + h * n,
+                         out[way].data() + h * hd,
+                         hd};
+            a.lse = lse[way].data() + h;
+            a.ld_lse = 1;
+            if (way == 1) a.source = &source;
+            all.push_back(a);
+          }
+          AttendHeads(all.data(), heads, isa);
+        }
+        EXPECT_TRUE(SameBits(out[1], out[0]))
+            << IsaName(isa) << " " << DTypeName(dtype) << " bs " << bs;
+        EXPECT_TRUE(SameBits(lse[1], lse[0])) << IsaName(isa) << " " << DTypeName(dtype);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker::cpu
