@@ -131,8 +131,12 @@ class KvCache {
   // The packed FP8 latent layout's group of latent values per scale.
   static constexpr int kLatentGroup = 128;
 
-  uint8_t* BlockData(int32_t block) { return data_.data() + block * block_bytes_; }
-  const uint8_t* BlockData(int32_t block) const { return data_.data() + block * block_bytes_; }
+  uint8_t* BlockData(int32_t block) { return data_ + block * block_bytes_; }
+  const uint8_t* BlockData(int32_t block) const { return data_ + block * block_bytes_; }
+
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
  private:
   KvCache(int layers, int kv_heads, int head_dim, const KvPoolSpec& spec, int planes,
@@ -164,7 +168,10 @@ class KvCache {
   int64_t row_bytes_ = 0;    // packed: one token's row of one layer
   int64_t elems_bytes_ = 0;  // element region of one block
   int64_t block_bytes_ = 0;
-  std::vector<uint8_t> data_;
+  // The pool's blocks, in an anonymous mapping of their own (Create).
+  uint8_t* data_ = nullptr;
+  void* mapping_ = nullptr;
+  size_t mapped_bytes_ = 0;
   float fp8_lut_[256];
 };
 

@@ -168,9 +168,9 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     const SeqStep& seq = rows_.round->seqs[s];
     const int rows = static_cast<int>(seq.tokens.size());
     const int64_t n_ctx = seq.start_position + rows;
-    std::vector<float>& kt = ktbuf_[thread];
-    std::vector<float>& vb = vbuf_[thread];
-    std::vector<float>& sc = scores_[thread];
+    AlignedFloats& kt = ktbuf_[thread];
+    AlignedFloats& vb = vbuf_[thread];
+    AlignedFloats& sc = scores_[thread];
     const int64_t ldkt = SpreadStride(n_ctx);
     // Every row, this chunk's own included, reads K/V back from the cache in
     // the stored dtype, exactly as a later decode step will. A few rows (a
@@ -289,10 +289,10 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
       local_pos[r] = LocalCount(rows_.positions[row0 + r]) - 1;
       if (!sparse(r)) n_dense = local_pos[r] + 1;
     }
-    std::vector<float>& kb = kbuf_[thread];
-    std::vector<float>& kt = ktbuf_[thread];
-    std::vector<float>& sc = scores_[thread];
-    std::vector<float>& qb = qbuf_[thread];
+    AlignedFloats& kb = kbuf_[thread];
+    AlignedFloats& kt = ktbuf_[thread];
+    AlignedFloats& sc = scores_[thread];
+    AlignedFloats& qb = qbuf_[thread];
     const int64_t n_scores = std::max<int64_t>(n_dense, selection ? selection->topk : 0);
     if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
     const int64_t ldkt = SpreadStride(n_dense);
@@ -311,8 +311,8 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     GatherLatentRows(*kv_, seq.block_ids, 0, nullptr, n_dense, layer, 0, W, kb.data(), W, isa_);
     Transpose(kb.data(), n_dense, W, W, kt.data(), ldkt, isa_);
     const int64_t ld_lat = int64_t{lh.heads} * C;
-    std::vector<float>& skt = sel_kt_[thread];
-    std::vector<float>& sv = sel_v_[thread];
+    AlignedFloats& skt = sel_kt_[thread];
+    AlignedFloats& sv = sel_v_[thread];
     // Head h's query of row r: the absorbed latent part, then the rope part.
     auto query = [&](int r, int h, float* dst) {
       const int64_t t = row0 + r;
@@ -494,7 +494,7 @@ absl::Status CpuOps::IndexerSelect(int layer, const IndexerQuery& iq, int dense_
       for (int h = 0; h < iq.heads; ++h) w[h] = iq.weight_scale * iq.w[t * iq.ldw + h];
       pool_->ParallelFor((n + kKeysPerTask - 1) / kKeysPerTask, [&](int64_t task, int thread) {
         const int64_t j0 = task * kKeysPerTask, len = std::min(n - j0, kKeysPerTask);
-        std::vector<float>& dot = vbuf_[thread];
+        AlignedFloats& dot = vbuf_[thread];
         if (dot.size() < static_cast<size_t>(len)) dot.resize(len);
         IndexerScores({iq.q + t * iq.ldq, w.data(), iq.heads, I, index_kt_.data() + j0, n_keys, len,
                        dot.data(), index_scores_.data() + j0},

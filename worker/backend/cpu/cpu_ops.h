@@ -123,11 +123,11 @@ class CpuOps final : public ComputeOps {
   std::vector<AlignedFloats> scratch_;
   // Per pool thread: K, K transposed and V of one sequence's context, and the
   // attention scores of one row for each head attended together.
-  std::vector<std::vector<float>> kbuf_, ktbuf_, vbuf_, scores_;
+  std::vector<AlignedFloats> kbuf_, ktbuf_, vbuf_, scores_;
   // Per pool thread: the queries of the latent heads attended together,
   // [heads][rows][latent + rope], and a sparse row's selected keys
   // (transposed) and values.
-  std::vector<std::vector<float>> qbuf_, sel_kt_, sel_v_;
+  std::vector<AlignedFloats> qbuf_, sel_kt_, sel_v_;
   std::vector<std::vector<int64_t>> local_pos_;  // context parallel, per thread
   std::vector<std::vector<int32_t>> local_sel_;
   // Per pool thread: the heads attended together over one context.

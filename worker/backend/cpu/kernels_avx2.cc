@@ -245,7 +245,7 @@ void AttendPassAvx2(const AttendArgs* hs, int count) {
   const int vd8 = vd - vd % 8;
   const KvTileSource* src = a0.source;
   // The tiles of a source: a few KiB per thread, reused for every call.
-  thread_local std::vector<float> k_tile, v_tile;
+  thread_local AlignedFloats k_tile, v_tile;
   const int64_t ld_vtile = std::max(a0.head_dim, vd);
   if (src != nullptr) {
     k_tile.resize(static_cast<size_t>(kAttendKTile) * a0.head_dim);
