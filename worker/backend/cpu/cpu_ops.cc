@@ -294,9 +294,21 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     AlignedFloats& sc = scores_[thread];
     AlignedFloats& qb = qbuf_[thread];
     const int64_t n_scores = std::max<int64_t>(n_dense, selection ? selection->topk : 0);
-    if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
     const int64_t ldkt = SpreadStride(n_dense);
-    if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);
+    int n_dense_rows = 0;
+    while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
+    // A few dense rows (decode) read the latents a tile at a time, as
+    // AttendPaged's do; more share one copy of the context.
+    const PagedLatent paged{kv_, seq.block_ids, layer, W, isa_};
+    const KvTileSource source{FillPagedLatent, &paged};
+    const bool tiles = n_dense_rows <= kTileSourceRows && isa_ != Isa::kScalar;
+    if (!tiles) {
+      if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
+      if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);
+      // Read back in the stored dtype, this round's rows too, as decode will.
+      GatherLatentRows(*kv_, seq.block_ids, 0, nullptr, n_dense, layer, 0, W, kb.data(), W, isa_);
+      Transpose(kb.data(), n_dense, W, W, kt.data(), ldkt, isa_);
+    }
     // Heads go through the kernel together (one pass over the latents for
     // several heads), each with its own queries and scores: as many as keep
     // those queries within kTogetherQueryFloats (a prefill chunk's rows
@@ -307,9 +319,6 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     if (qb.size() < static_cast<size_t>(rows) * W * together) {
       qb.resize(static_cast<size_t>(rows) * W * together);
     }
-    // Read back in the stored dtype, this round's rows too, as decode will.
-    GatherLatentRows(*kv_, seq.block_ids, 0, nullptr, n_dense, layer, 0, W, kb.data(), W, isa_);
-    Transpose(kb.data(), n_dense, W, W, kt.data(), ldkt, isa_);
     const int64_t ld_lat = int64_t{lh.heads} * C;
     AlignedFloats& skt = sel_kt_[thread];
     AlignedFloats& sv = sel_v_[thread];
@@ -326,7 +335,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     // its scores). The log-sum-exps, for context parallel, are
     // [rows][heads].
     auto attend = [&](int n_rows, const int64_t* positions, const float* keys, int64_t ld_keys,
-                      const float* values, int64_t t0, auto fill) {
+                      const float* values, const KvTileSource* tile_source, int64_t t0, auto fill) {
       const AttendArgs shared{.ldq = W,
                               .rows = n_rows,
                               .positions = positions,
@@ -338,7 +347,8 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
                               .ldo = ld_lat,
                               .v_dim = C,
                               .scale = lh.scale,
-                              .ld_lse = lh.heads};
+                              .ld_lse = lh.heads,
+                              .source = tile_source};
       for (int hp = h0; hp < h1; hp += together) {
         args.clear();
         for (int h = hp; h < std::min(h1, hp + together); ++h) {
@@ -356,11 +366,9 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     // A row computes the same whatever rows run beside it: the dense rows of
     // a sequence (a prefix of them, as positions increase) go together per
     // head; each sparse row reads its chosen positions once for all heads.
-    int n_dense_rows = 0;
-    while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
     if (n_dense_rows > 0) {
-      attend(n_dense_rows, local_pos.data(), kt.data(), ldkt, kb.data(), row0,
-             [&](int h, float* qh) {
+      attend(n_dense_rows, local_pos.data(), kt.data(), ldkt, kb.data(), tiles ? &source : nullptr,
+             row0, [&](int h, float* qh) {
                for (int r = 0; r < n_dense_rows; ++r) query(r, h, qh + int64_t{r} * W);
              });
     }
@@ -393,7 +401,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
                        isa_);
       Transpose(sv.data(), n_sel, W, W, skt.data(), ld_sel, isa_);
       const int64_t last = n_sel - 1;
-      attend(1, &last, skt.data(), ld_sel, sv.data(), t,
+      attend(1, &last, skt.data(), ld_sel, sv.data(), nullptr, t,
              [&](int h, float* qh) { query(r, h, qh); });
     }
   });

@@ -383,6 +383,21 @@ void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids,
   }
 }
 
+void FillPagedLatent(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
+  const PagedLatent& c = *static_cast<const PagedLatent*>(ctx);
+  if (values) {
+    GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, dst, ld,
+                     c.isa);
+    return;
+  }
+  // Keys transposed: the rows, then the tile's transpose (both in cache).
+  thread_local AlignedFloats rows;
+  rows.resize(static_cast<size_t>((j1 - j0) * c.cols));
+  GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, rows.data(),
+                   c.cols, c.isa);
+  Transpose(rows.data(), j1 - j0, c.cols, c.cols, dst, ld, c.isa);
+}
+
 void AttendHeads(const AttendArgs* heads, int count, Isa isa) {
   const AttendArgs& a0 = heads[0];
   const int vd = a0.v_dim > 0 ? a0.v_dim : a0.head_dim;

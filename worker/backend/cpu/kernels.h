@@ -165,6 +165,19 @@ struct PagedKvHead {
 };
 void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
 
+// A KvTileSource over the first `cols` columns (whole parts: the latent and
+// rope key) of a latent cache's rows of `layer`, K and V both (MLA's values
+// are the latent): fill is FillPagedLatent, ctx a PagedLatent; the floats
+// are GatherLatentRows'.
+struct PagedLatent {
+  const KvCache* cache;
+  absl::Span<const int32_t> block_ids;
+  int layer;
+  int cols;
+  Isa isa;
+};
+void FillPagedLatent(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
+
 // Columns [col0, col0 + cols) of a latent cache's rows (whole parts, see
 // KvCache::GatherColumns) to dst rows of ld floats: of positions [first,
 // first + n), or with `positions` non-null of positions[0..n), in order.

@@ -1009,5 +1009,65 @@ TEST(Attention, PagedSourceEqualsGatheredCopies) {
   }
 }
 
+// MLA's latent pool as a tile source (FillPagedLatent): the same bits as
+// attending to GatherLatentRows' copy and its transpose, latents as values
+// (v_dim below head_dim), packed FP8 and float pools, every instruction set.
+TEST(Attention, PagedLatentSourceEqualsGatheredCopies) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const LatentSplit split{128, 32, 0};
+  const int W = split.latent + split.rope, heads = 3;
+  for (DType dtype : {DType::kFP8E4M3, DType::kBF16}) {
+    KvPoolSpec spec;
+    spec.num_blocks = 9;
+    spec.block_size = 16;
+    spec.dtype = dtype;
+    auto cache = KvCache::Create(1, 1, W, spec, 1, split);
+    ASSERT_TRUE(cache.ok());
+    std::vector<int32_t> blocks = {3, 8, 0, 5, 1, 7, 2, 6, 4};
+    const int64_t n = 16 * 9 - 5;
+    std::vector<float> row(W);
+    for (int64_t p = 0; p < n; ++p) {
+      for (float& x : row) x = u(rng);
+      (*cache)->Store(blocks[p / 16], static_cast<int>(p % 16), 0, 0, row.data());
+    }
+    const int64_t pos = n - 1, ldkt = SpreadStride(n);
+    for (Isa isa : SupportedIsas()) {
+      std::vector<float> rows(n * W), kt(W * ldkt);
+      GatherLatentRows(**cache, blocks, 0, nullptr, n, 0, 0, W, rows.data(), W, isa);
+      Transpose(rows.data(), n, W, W, kt.data(), ldkt, isa);
+      const PagedLatent ctx{cache->get(), blocks, 0, W, isa};
+      const KvTileSource source{FillPagedLatent, &ctx};
+      std::vector<float> q = RandomX(heads, W, 78);
+      std::vector<float> out[2];
+      for (int way = 0; way < 2; ++way) {
+        out[way].assign(heads * split.latent, -1.0f);
+        std::vector<float> scores(heads * n);
+        std::vector<AttendArgs> all;
+        for (int h = 0; h < heads; ++h) {
+          AttendArgs a{q.data() + h * W,
+                       W,
+                       1,
+                       &pos,
+                       kt.data(),
+                       ldkt,
+                       rows.data(),
+                       W,
+                       W,
+                       scores.data() + h * n,
+                       out[way].data() + h * split.latent,
+                       split.latent};
+          a.v_dim = split.latent;
+          a.scale = 0.07f;
+          if (way == 1) a.source = &source;
+          all.push_back(a);
+        }
+        AttendHeads(all.data(), heads, isa);
+      }
+      EXPECT_TRUE(SameBits(out[1], out[0])) << IsaName(isa) << " " << DTypeName(dtype);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringlane::worker::cpu
