@@ -79,11 +79,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(int layers, int kv_head
   }
   if (absl::Status st = ValidateSplit(kv_heads, head_dim, planes, split); !st.ok()) return st;
   std::unique_ptr<KvCache> kv(new KvCache(layers, kv_heads, head_dim, spec, planes, split));
-  // Anonymous memory from a 2 MiB boundary, advised onto transparent huge
-  // pages: decode reads every block of a long context every step, in the
-  // order the pool handed them out, and on 4 KiB pages each block's rows
-  // of a head cost a page walk (a 32768-token context of a TinyLlama-shaped
-  // model is 68 MB of blocks).
+  // Anonymous memory from a 2 MiB boundary: rows start on cache lines (a
+  // heap vector started 16 bytes into a page, and every 64-byte row of a
+  // head straddled two lines: 1.5x decode at 32768 positions, README), and
+  // where the kernel grants huge pages they back the pool from its first
+  // byte (decode reads every block of a long context every step, in the
+  // order the pool handed them out).
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t bytes = static_cast<size_t>(kv->block_bytes_) * spec.num_blocks;
   void* p = bytes / static_cast<size_t>(spec.num_blocks) == static_cast<size_t>(kv->block_bytes_)

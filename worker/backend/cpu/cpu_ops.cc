@@ -155,6 +155,10 @@ void CpuOps::StorePagedKv(int layer, const float* k, const float* v, int64_t ld)
   }
 }
 
+PagedKv CpuOps::PagedContext(const SeqStep& seq, int64_t n, int layer) const {
+  return {.cache = kv_, .block_ids = seq.block_ids, .n = n, .layer = layer, .isa = isa_};
+}
+
 void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q, float* out,
                          int64_t ld) {
   const int hd = heads.head_dim;
@@ -179,8 +183,9 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     // written and read back for FP8's 1 read. Many rows (a prefill chunk)
     // share one copy, K straight into the transposed rows the scores are
     // taken over. The floats, hence the results, are the same either way.
-    const PagedKvHead paged{kv_, seq.block_ids, n_ctx, layer, g, isa_};
-    const KvTileSource source{FillPagedKvHead, &paged};
+    PagedKv paged = PagedContext(seq, n_ctx, layer);
+    paged.head = g;
+    const KvTileSource source{FillPagedKv, &paged};
     const bool tiles = rows <= kTileSourceRows && hd > kNarrowValueDims && isa_ != Isa::kScalar;
     if (!tiles) {
       if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
@@ -299,8 +304,9 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     while (n_dense_rows < rows && !sparse(n_dense_rows)) ++n_dense_rows;
     // A few dense rows (decode) read the latents a tile at a time, as
     // AttendPaged's do; more share one copy of the context.
-    const PagedLatent paged{kv_, seq.block_ids, layer, W, isa_};
-    const KvTileSource source{FillPagedLatent, &paged};
+    PagedKv paged = PagedContext(seq, n_dense, layer);
+    paged.cols = W;
+    const KvTileSource source{FillPagedKv, &paged};
     const bool tiles = n_dense_rows <= kTileSourceRows && isa_ != Isa::kScalar;
     if (!tiles) {
       if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);

@@ -100,6 +100,10 @@ class CpuOps final : public ComputeOps {
   absl::Status AllGather(const float* in, int64_t count, float* out) override;
 
  private:
+  // A tile source's context over the first n positions of a sequence's
+  // blocks of `layer` (AttendPaged sets the head, AttendLatent the columns).
+  PagedKv PagedContext(const SeqStep& seq, int64_t n, int layer) const;
+
   ThreadPool* const pool_;
   const Isa isa_;
   Communicator* const comm_;

@@ -335,8 +335,42 @@ void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int
   }
 }
 
-void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
-  const PagedKvHead& c = *static_cast<const PagedKvHead*>(ctx);
+void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t first,
+                      const int32_t* positions, int64_t n, int layer, int col0, int cols,
+                      float* dst, int64_t ld, Isa isa) {
+#if defined(RINGLANE_HAVE_AVX2_KERNELS)
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && cache.packed_latent()) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = positions != nullptr ? positions[i] : first + i;
+      internal::ConvertPackedLatentRowAvx2(cache.PackedRow(block_ids, pos, layer), cache.split(),
+                                           col0, cols, dst + i * ld);
+    }
+    return;
+  }
+#endif
+  if (positions != nullptr) {
+    cache.GatherPositions(block_ids, absl::MakeConstSpan(positions, n), layer, col0, cols, dst, ld);
+  } else {
+    cache.GatherColumns(block_ids, first, n, layer, col0, cols, dst, ld);
+  }
+}
+
+void FillPagedKv(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
+  const PagedKv& c = *static_cast<const PagedKv*>(ctx);
+  if (c.cols > 0) {
+    if (values) {
+      GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, dst, ld,
+                       c.isa);
+      return;
+    }
+    // Keys transposed: the rows, then the tile's transpose (both in cache).
+    thread_local AlignedFloats rows;
+    rows.resize(static_cast<size_t>((j1 - j0) * c.cols));
+    GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, rows.data(),
+                     c.cols, c.isa);
+    Transpose(rows.data(), j1 - j0, c.cols, c.cols, dst, ld, c.isa);
+    return;
+  }
   const int kv = values ? 1 : 0;
 #if defined(RINGLANE_HAVE_AVX2_KERNELS)
   if ((c.isa == Isa::kAvx2 || c.isa == Isa::kAvx512) && !c.cache->packed_latent()) {
@@ -361,41 +395,6 @@ void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float
       }
     }
   }
-}
-
-void GatherLatentRows(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t first,
-                      const int32_t* positions, int64_t n, int layer, int col0, int cols,
-                      float* dst, int64_t ld, Isa isa) {
-#if defined(RINGLANE_HAVE_AVX2_KERNELS)
-  if ((isa == Isa::kAvx2 || isa == Isa::kAvx512) && cache.packed_latent()) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = positions != nullptr ? positions[i] : first + i;
-      internal::ConvertPackedLatentRowAvx2(cache.PackedRow(block_ids, pos, layer), cache.split(),
-                                           col0, cols, dst + i * ld);
-    }
-    return;
-  }
-#endif
-  if (positions != nullptr) {
-    cache.GatherPositions(block_ids, absl::MakeConstSpan(positions, n), layer, col0, cols, dst, ld);
-  } else {
-    cache.GatherColumns(block_ids, first, n, layer, col0, cols, dst, ld);
-  }
-}
-
-void FillPagedLatent(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld) {
-  const PagedLatent& c = *static_cast<const PagedLatent*>(ctx);
-  if (values) {
-    GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, dst, ld,
-                     c.isa);
-    return;
-  }
-  // Keys transposed: the rows, then the tile's transpose (both in cache).
-  thread_local AlignedFloats rows;
-  rows.resize(static_cast<size_t>((j1 - j0) * c.cols));
-  GatherLatentRows(*c.cache, c.block_ids, j0, nullptr, j1 - j0, c.layer, 0, c.cols, rows.data(),
-                   c.cols, c.isa);
-  Transpose(rows.data(), j1 - j0, c.cols, c.cols, dst, ld, c.isa);
 }
 
 void AttendHeads(const AttendArgs* heads, int count, Isa isa) {

@@ -151,32 +151,22 @@ void Transpose(const float* src, int64_t rows, int cols, int64_t ld_src, float* 
 void GatherKvHead(const KvCache& cache, absl::Span<const int32_t> block_ids, int64_t n, int layer,
                   int kv, int head, float* dst, int64_t ld, bool transposed, Isa isa);
 
-// A KvTileSource over KV head `head` of (layer) of a context of n
-// positions held in `block_ids` of a pool that is not the packed latent
-// layout: fill is FillPagedKvHead, ctx a PagedKvHead, and the floats are
-// GatherKvHead's.
-struct PagedKvHead {
+// A KvTileSource's context (fill: FillPagedKv) over one sequence's context
+// in the paged pool, the floats the gathers give: KV head `head` of a K/V
+// pool (GatherKvHead's), or with cols > 0 the first `cols` columns of a
+// latent pool's rows (whole parts: the latent and rope key;
+// GatherLatentRows'), which MLA reads as its keys and, the latents, as its
+// values. n: the context's length (prefetches stop there).
+struct PagedKv {
   const KvCache* cache;
   absl::Span<const int32_t> block_ids;
   int64_t n;
   int layer;
-  int head;
-  Isa isa;
+  int head = 0;
+  int cols = 0;
+  Isa isa = Isa::kScalar;
 };
-void FillPagedKvHead(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
-
-// A KvTileSource over the first `cols` columns (whole parts: the latent and
-// rope key) of a latent cache's rows of `layer`, K and V both (MLA's values
-// are the latent): fill is FillPagedLatent, ctx a PagedLatent; the floats
-// are GatherLatentRows'.
-struct PagedLatent {
-  const KvCache* cache;
-  absl::Span<const int32_t> block_ids;
-  int layer;
-  int cols;
-  Isa isa;
-};
-void FillPagedLatent(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
+void FillPagedKv(const void* ctx, bool values, int64_t j0, int64_t j1, float* dst, int64_t ld);
 
 // Columns [col0, col0 + cols) of a latent cache's rows (whole parts, see
 // KvCache::GatherColumns) to dst rows of ld floats: of positions [first,

@@ -794,31 +794,44 @@ TEST(GatherKvHead, EveryIsaGivesTheCacheGatherBits) {
 // index keys of odd widths, NaN codes in the latent and the index key, and a
 // float pool for the path that is not packed. Nothing outside the rows is
 // written.
-TEST(GatherLatentRows, EveryIsaGivesTheCacheGatherBits) {
-  std::mt19937 rng(23);
+// A latent pool (blocks of 16, `blocks` a permutation of its block ids) of
+// random rows at positions [0, n) of every layer: each position its own
+// magnitude (2^-20..2^20) and one tiny value (FP8 subnormal codes).
+absl::StatusOr<std::unique_ptr<KvCache>> RandomLatentPool(DType dtype, LatentSplit split,
+                                                          int layers,
+                                                          const std::vector<int32_t>& blocks,
+                                                          int64_t n, uint32_t seed) {
+  const int W = split.latent + split.rope + split.index;
+  KvPoolSpec spec;
+  spec.num_blocks = static_cast<int>(blocks.size());
+  spec.block_size = 16;
+  spec.dtype = dtype;
+  auto cache = KvCache::Create(layers, 1, W, spec, 1, split);
+  if (!cache.ok()) return cache;
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::uniform_int_distribution<int> magnitude(-20, 20);
+  std::vector<float> row(W);
+  for (int64_t p = 0; p < n; ++p) {
+    const float m = std::ldexp(1.0f, magnitude(rng));
+    for (int layer = 0; layer < layers; ++layer) {
+      for (float& x : row) x = u(rng) * m;
+      row[p % W] *= 1e-3f;
+      (*cache)->Store(blocks[p / 16], static_cast<int>(p % 16), layer, 0, row.data());
+    }
+  }
+  return cache;
+}
+
+TEST(GatherLatentRows, EveryIsaGivesTheCacheGatherBits) {
   for (DType dtype : {DType::kFP8E4M3, DType::kF32}) {
     for (LatentSplit split :
          {LatentSplit{256, 32, 0}, LatentSplit{200, 12, 41}, LatentSplit{128, 64, 64}}) {
       const int W = split.latent + split.rope + split.index;
-      KvPoolSpec spec;
-      spec.num_blocks = 6;
-      spec.block_size = 16;
-      spec.dtype = dtype;
-      auto cache = KvCache::Create(2, 1, W, spec, 1, split);
-      ASSERT_TRUE(cache.ok());
       const std::vector<int32_t> blocks = {4, 1, 5, 0, 3, 2};
       const int64_t cap = 16 * static_cast<int64_t>(blocks.size());
-      std::vector<float> row(W);
-      for (int64_t p = 0; p < cap; ++p) {
-        const float m = std::ldexp(1.0f, magnitude(rng));
-        for (int layer = 0; layer < 2; ++layer) {
-          for (float& x : row) x = u(rng) * m;
-          row[p % W] *= 1e-3f;
-          (*cache)->Store(blocks[p / 16], static_cast<int>(p % 16), layer, 0, row.data());
-        }
-      }
+      auto cache = RandomLatentPool(dtype, split, 2, blocks, cap, 23);
+      ASSERT_TRUE(cache.ok());
       if ((*cache)->packed_latent()) {
         // NaN codes: a latent byte of one position, an index byte of another.
         const_cast<uint8_t*>((*cache)->PackedRow(blocks, 5, 1))[split.latent - 1] = 0x7F;
@@ -940,7 +953,7 @@ TEST(Attention, TileSourceEqualsWholeCopies) {
   }
 }
 
-// The paged pool as a tile source (FillPagedKvHead): the same bits as
+// The paged pool as a tile source (FillPagedKv): the same bits as
 // attending to GatherKvHead's copies, block sizes that do and do not divide
 // the tiles, every pool dtype and instruction set.
 TEST(Attention, PagedSourceEqualsGatheredCopies) {
@@ -972,8 +985,9 @@ TEST(Attention, PagedSourceEqualsGatheredCopies) {
         std::vector<float> kt(hd * ldkt), v(n * hd);
         GatherKvHead(**cache, blocks, n, 0, 0, g, kt.data(), ldkt, true, isa);
         GatherKvHead(**cache, blocks, n, 0, 1, g, v.data(), hd, false, isa);
-        const PagedKvHead ctx{cache->get(), blocks, n, 0, g, isa};
-        const KvTileSource source{FillPagedKvHead, &ctx};
+        const PagedKv ctx{
+            .cache = cache->get(), .block_ids = blocks, .n = n, .layer = 0, .head = g, .isa = isa};
+        const KvTileSource source{FillPagedKv, &ctx};
         std::vector<float> q = RandomX(heads, hd, 77);
         std::vector<float> out[2], lse[2];
         for (int way = 0; way < 2; ++way) {
@@ -1009,35 +1023,25 @@ TEST(Attention, PagedSourceEqualsGatheredCopies) {
   }
 }
 
-// MLA's latent pool as a tile source (FillPagedLatent): the same bits as
+// MLA's latent pool as a tile source (FillPagedKv with cols): the same bits as
 // attending to GatherLatentRows' copy and its transpose, latents as values
 // (v_dim below head_dim), packed FP8 and float pools, every instruction set.
 TEST(Attention, PagedLatentSourceEqualsGatheredCopies) {
-  std::mt19937 rng(31);
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   const LatentSplit split{128, 32, 0};
   const int W = split.latent + split.rope, heads = 3;
   for (DType dtype : {DType::kFP8E4M3, DType::kBF16}) {
-    KvPoolSpec spec;
-    spec.num_blocks = 9;
-    spec.block_size = 16;
-    spec.dtype = dtype;
-    auto cache = KvCache::Create(1, 1, W, spec, 1, split);
-    ASSERT_TRUE(cache.ok());
-    std::vector<int32_t> blocks = {3, 8, 0, 5, 1, 7, 2, 6, 4};
+    const std::vector<int32_t> blocks = {3, 8, 0, 5, 1, 7, 2, 6, 4};
     const int64_t n = 16 * 9 - 5;
-    std::vector<float> row(W);
-    for (int64_t p = 0; p < n; ++p) {
-      for (float& x : row) x = u(rng);
-      (*cache)->Store(blocks[p / 16], static_cast<int>(p % 16), 0, 0, row.data());
-    }
+    auto cache = RandomLatentPool(dtype, split, 1, blocks, n, 31);
+    ASSERT_TRUE(cache.ok());
     const int64_t pos = n - 1, ldkt = SpreadStride(n);
     for (Isa isa : SupportedIsas()) {
       std::vector<float> rows(n * W), kt(W * ldkt);
       GatherLatentRows(**cache, blocks, 0, nullptr, n, 0, 0, W, rows.data(), W, isa);
       Transpose(rows.data(), n, W, W, kt.data(), ldkt, isa);
-      const PagedLatent ctx{cache->get(), blocks, 0, W, isa};
-      const KvTileSource source{FillPagedLatent, &ctx};
+      const PagedKv ctx{
+          .cache = cache->get(), .block_ids = blocks, .n = n, .layer = 0, .cols = W, .isa = isa};
+      const KvTileSource source{FillPagedKv, &ctx};
       std::vector<float> q = RandomX(heads, W, 78);
       std::vector<float> out[2];
       for (int way = 0; way < 2; ++way) {
