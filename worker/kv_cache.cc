@@ -216,6 +216,21 @@ KvCache::HeadRows KvCache::RowsOf(int32_t block, int layer, int kv, int head) co
           int64_t{kv_heads_} * static_cast<int64_t>(sizeof(float))};
 }
 
+void KvCache::PrefetchRows(int32_t block, int layer, int kv, int head) const {
+  const int64_t row_bytes = int64_t{head_dim_} * esize_;
+  if (row_bytes < 64) return;
+  const HeadRows rows = RowsOf(block, layer, kv, head);
+  for (int s = 0; s < spec_.block_size; ++s) {
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(rows.elems + s * rows.slot_stride + b, 0, 0);
+    }
+  }
+  if (rows.scales == nullptr) return;
+  for (int64_t b = 0; b < spec_.block_size * rows.scale_stride; b += 64) {
+    __builtin_prefetch(rows.scales + b, 0, 0);
+  }
+}
+
 void KvCache::Store(int32_t block, int slot, int layer, int kv, const float* src) {
   uint8_t* base = BlockData(block);
   if (packed()) {
@@ -280,36 +295,15 @@ void KvCache::GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int 
   // and the dtype's conversion in a loop over its slots, not a call and a
   // copy per position (a head of 8 floats is 32 bytes).
   const int bs = spec_.block_size;
-  const int64_t elem0 = ElemOffset(layer, kv, 0, head);
-  const int64_t slot_bytes = int64_t{kv_heads_} * hd * esize_;
-  const int64_t scale0 = ScaleOffset(layer, kv, 0, head);
-  const int64_t scale_stride = int64_t{kv_heads_} * static_cast<int64_t>(sizeof(float));
-  const int64_t row_bytes = int64_t{hd} * esize_;
   for (int64_t first = 0; first < n; first += bs) {
-    const uint8_t* base = BlockData(block_ids[first / bs]);
+    const HeadRows rows = RowsOf(block_ids[first / bs], layer, kv, head);
     const int slots = static_cast<int>(std::min<int64_t>(bs, n - first));
     float* out = dst + first * pos_stride;
-    // A row of a cache line or more is converted one value at a time: out-
-    // of-order execution does not reach the next slot's load, and the blocks
-    // lie anywhere in the pool, so no hardware prefetcher follows them. Ask
-    // for the next block's rows now (a long context is read from DRAM every
-    // step). Shorter rows (the bundled model's 32 bytes) are done before a
-    // miss would matter, and the prefetches cost more than they save there.
-    if (row_bytes >= 64 && first + bs < n) {
-      const uint8_t* next = BlockData(block_ids[first / bs + 1]);
-      for (int s = 0; s < bs; ++s) {
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-          __builtin_prefetch(next + elem0 + s * slot_bytes + b, 0, 0);
-        }
-      }
-      if (spec_.dtype == DType::kFP8E4M3) {
-        for (int64_t b = 0; b < bs * scale_stride; b += 64) {
-          __builtin_prefetch(next + scale0 + b, 0, 0);
-        }
-      }
-    }
+    // A value at a time, out-of-order execution does not reach the next
+    // block's loads on its own.
+    if (first + bs < n) PrefetchRows(block_ids[first / bs + 1], layer, kv, head);
     for (int s = 0; s < slots; ++s) {
-      const uint8_t* src = base + elem0 + s * slot_bytes;
+      const uint8_t* src = rows.elems + s * rows.slot_stride;
       float* o = out + s * pos_stride;
       switch (spec_.dtype) {
         case DType::kF32:
@@ -331,7 +325,7 @@ void KvCache::GatherStrided(absl::Span<const int32_t> block_ids, int64_t n, int 
         }
         case DType::kFP8E4M3: {
           float scale;
-          std::memcpy(&scale, base + scale0 + s * scale_stride, sizeof(float));
+          std::memcpy(&scale, rows.scales + s * rows.scale_stride, sizeof(float));
           for (int d = 0; d < hd; ++d) o[d * dim_stride] = fp8_lut_[src[d]] * scale;
           break;
         }

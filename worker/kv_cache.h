@@ -117,6 +117,13 @@ class KvCache {
     int64_t scale_stride;
   };
   HeadRows RowsOf(int32_t block, int layer, int kv, int head) const;
+  // Asks for the rows (and FP8 scales) RowsOf names, where a head's row is a
+  // cache line or more: the blocks of a context lie anywhere in the pool, so
+  // no hardware prefetcher follows a reader from one to the next, and a long
+  // context comes from DRAM every step. Shorter rows (the bundled model's 32
+  // bytes) are read before a miss would matter, and the prefetches cost more
+  // than they save there.
+  void PrefetchRows(int32_t block, int layer, int kv, int head) const;
   bool packed_latent() const { return packed(); }
   // The packed latent layout (packed_latent()): position pos's record of
   // `layer` (the latent's E4M3 bytes, one float scale per kLatentGroup of

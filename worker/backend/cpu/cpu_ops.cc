@@ -14,9 +14,9 @@ namespace {
 // pass over the latents, a prefill chunk's hundreds of rows fewer.
 constexpr int64_t kHeadsTogether = 16;
 constexpr int64_t kTogetherQueryFloats = int64_t{1} << 20;
-// Query rows of a sequence up to which AttendPaged converts the context a
+// Query rows of a sequence up to which attention converts the context a
 // tile at a time for each row, rather than once into a float copy that all
-// rows read.
+// rows read (ReadsTiles).
 constexpr int kTileSourceRows = 4;
 
 }  // namespace
@@ -155,6 +155,10 @@ void CpuOps::StorePagedKv(int layer, const float* k, const float* v, int64_t ld)
   }
 }
 
+bool CpuOps::ReadsTiles(int rows, int v_dim) const {
+  return rows <= kTileSourceRows && v_dim > kNarrowValueDims && isa_ != Isa::kScalar;
+}
+
 PagedKv CpuOps::PagedContext(const SeqStep& seq, int64_t n, int layer) const {
   return {.cache = kv_, .block_ids = seq.block_ids, .n = n, .layer = layer, .isa = isa_};
 }
@@ -186,7 +190,7 @@ void CpuOps::AttendPaged(int layer, const AttentionHeads& heads, const float* q,
     PagedKv paged = PagedContext(seq, n_ctx, layer);
     paged.head = g;
     const KvTileSource source{FillPagedKv, &paged};
-    const bool tiles = rows <= kTileSourceRows && hd > kNarrowValueDims && isa_ != Isa::kScalar;
+    const bool tiles = ReadsTiles(rows, hd);
     if (!tiles) {
       if (vb.size() < static_cast<size_t>(n_ctx * hd)) vb.resize(n_ctx * hd);
       if (kt.size() < static_cast<size_t>(ldkt * hd)) kt.resize(ldkt * hd);
@@ -307,7 +311,7 @@ void CpuOps::AttendLatent(int layer, const LatentHeads& lh, const float* q_lat, 
     PagedKv paged = PagedContext(seq, n_dense, layer);
     paged.cols = W;
     const KvTileSource source{FillPagedKv, &paged};
-    const bool tiles = n_dense_rows <= kTileSourceRows && isa_ != Isa::kScalar;
+    const bool tiles = ReadsTiles(n_dense_rows, C);
     if (!tiles) {
       if (kb.size() < static_cast<size_t>(n_dense * W)) kb.resize(n_dense * W);
       if (kt.size() < static_cast<size_t>(ldkt * W)) kt.resize(ldkt * W);

@@ -103,6 +103,11 @@ class CpuOps final : public ComputeOps {
   // A tile source's context over the first n positions of a sequence's
   // blocks of `layer` (AttendPaged sets the head, AttendLatent the columns).
   PagedKv PagedContext(const SeqStep& seq, int64_t n, int layer) const;
+  // Whether `rows` query rows of a sequence, with values of v_dim floats,
+  // read their context through tiles (AttendArgs::source) rather than one
+  // float copy: a few rows on a vector path, values wider than the narrow
+  // ones AttendHeads would copy whole anyway.
+  bool ReadsTiles(int rows, int v_dim) const;
 
   ThreadPool* const pool_;
   const Isa isa_;

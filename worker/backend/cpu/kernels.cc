@@ -284,7 +284,6 @@ void GatherKvRangeAvx2(const KvCache& cache, absl::Span<const int32_t> block_ids
   const int bs = cache.spec().block_size;
   const int hd = cache.head_dim();
   const DType dtype = cache.spec().dtype;
-  const int64_t row_bytes = int64_t{hd} * static_cast<int64_t>(DTypeSize(dtype));
   const int64_t pos_stride = transposed ? 1 : ld, dim_stride = transposed ? ld : 1;
   for (int64_t p = j0; p < j1;) {
     const int64_t b = p / bs;
@@ -293,24 +292,7 @@ void GatherKvRangeAvx2(const KvCache& cache, absl::Span<const int32_t> block_ids
     KvCache::HeadRows rows = cache.RowsOf(block_ids[b], layer, kv, head);
     rows.elems += s0 * rows.slot_stride;
     if (rows.scales != nullptr) rows.scales += s0 * rows.scale_stride;
-    // The blocks lie anywhere in the pool, so no hardware prefetcher
-    // follows them from one to the next: ask for the next block's rows
-    // (a long context comes from DRAM every step). Rows shorter than a
-    // cache line (the bundled model's 32 bytes) are done before a miss
-    // would matter, and the prefetches cost more than they save there.
-    if (row_bytes >= 64 && (b + 1) * bs < limit) {
-      const KvCache::HeadRows next = cache.RowsOf(block_ids[b + 1], layer, kv, head);
-      for (int s = 0; s < bs; ++s) {
-        for (int64_t i = 0; i < row_bytes; i += 64) {
-          __builtin_prefetch(next.elems + s * next.slot_stride + i, 0, 0);
-        }
-      }
-      if (next.scales != nullptr) {
-        for (int64_t i = 0; i < bs * next.scale_stride; i += 64) {
-          __builtin_prefetch(next.scales + i, 0, 0);
-        }
-      }
-    }
+    if ((b + 1) * bs < limit) cache.PrefetchRows(block_ids[b + 1], layer, kv, head);
     internal::ConvertKvBlockAvx2(
         {dtype, rows, slots, hd, dst + (p - j0) * pos_stride, pos_stride, dim_stride});
     p += slots;
@@ -385,15 +367,11 @@ void FillPagedKv(const void* ctx, bool values, int64_t j0, int64_t j1, float* ds
   const int64_t b0 = j0 / bs, first = b0 * bs, m = j1 - first;
   std::vector<float> tmp(static_cast<size_t>(m * hd));
   c.cache->Gather(c.block_ids.subspan(b0), m, c.layer, kv, c.head, tmp.data(), hd);
-  for (int64_t j = j0; j < j1; ++j) {
-    for (int d = 0; d < hd; ++d) {
-      const float x = tmp[(j - first) * hd + d];
-      if (values) {
-        dst[(j - j0) * ld + d] = x;
-      } else {
-        dst[d * ld + (j - j0)] = x;
-      }
-    }
+  const float* part = tmp.data() + (j0 - first) * hd;
+  if (values) {
+    for (int64_t j = 0; j < j1 - j0; ++j) std::copy_n(part + j * hd, hd, dst + j * ld);
+  } else {
+    Transpose(part, j1 - j0, hd, hd, dst, ld, c.isa);
   }
 }
 

@@ -14,6 +14,11 @@
 namespace ringlane::worker::cpu::internal {
 namespace {
 
+// 8 BF16 values to floats: the bits moved up by 16, exact.
+inline __m256 Bf16x8ToFloat(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 struct Avx2 {
   struct Vec {
     __m256 lo, hi;  // lanes 0..7 and 8..15
@@ -38,10 +43,7 @@ struct Avx2 {
       return LoadF(reinterpret_cast<const float*>(row) + k);
     } else if constexpr (D == DType::kBF16) {
       const __m128i* p = reinterpret_cast<const __m128i*>(row + 2 * k);
-      auto widen = [](__m128i h) {
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-      };
-      return {widen(_mm_loadu_si128(p)), widen(_mm_loadu_si128(p + 1))};
+      return {Bf16x8ToFloat(_mm_loadu_si128(p)), Bf16x8ToFloat(_mm_loadu_si128(p + 1))};
     } else if constexpr (D == DType::kF16) {
       const __m128i* p = reinterpret_cast<const __m128i*>(row + 2 * k);
       return {_mm256_cvtph_ps(_mm_loadu_si128(p)), _mm256_cvtph_ps(_mm_loadu_si128(p + 1))};
@@ -387,22 +389,8 @@ inline void Transpose8x8(const __m256 t[8], __m256 u[8]) {
 // KvCache's conversion of one stored element: the edges of a block and the
 // FP8 slots holding a NaN code.
 inline float KvElem(DType dtype, const uint8_t* row, int d, float scale) {
-  switch (dtype) {
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, row + 4 * d, 4);
-      return f;
-    }
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t v;
-      std::memcpy(&v, row + 2 * d, 2);
-      return dtype == DType::kBF16 ? Bf16ToFloat(v) : F16ToFloat(v);
-    }
-    case DType::kFP8E4M3:
-      return Fp8E4M3ToFloat(row[d]) * scale;
-  }
-  return 0.0f;
+  const float x = LoadAsFloat(dtype, row, static_cast<size_t>(d));
+  return dtype == DType::kFP8E4M3 ? x * scale : x;
 }
 
 // Elements [d, d + 8) of a stored row as floats; FP8 without its scale, as
@@ -415,8 +403,7 @@ inline __m256 KvRaw8(const uint8_t* row, int d) {
   if constexpr (D == DType::kF32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
   } else if constexpr (D == DType::kBF16) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return Bf16x8ToFloat(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
   } else {
     // Sign-extended, the byte's sign fills bits 7..31; shifted by 20 it is
     // F32's sign (and bits 27..30, cleared), the exponent and mantissa bits
