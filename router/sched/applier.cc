@@ -66,12 +66,17 @@ void Commit(KvBlockManager& kv, Lane& lane, int64_t fed, absl::Span<const int32_
 }  // namespace
 
 AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& result,
-                              SchedState& state, KvBlockManager& kv, ResultSink& sink) {
+                              SchedState& state, KvBlockManager& kv, ResultSink& sink,
+                              absl::Span<PlannedRound* const> later) {
   AppliedRound applied;
   for (const PlannedRow& row : round.rows) {
     if (Lane* lane = state.Find(row.lane)) {
       --lane->rows_in_flight;
-      if (row.drafts > 0) lane->awaiting_verify = false;
+      if (row.voided) {
+        --lane->void_rows;
+      } else if (row.drafts > 0) {
+        --lane->verify_rows_in_flight;
+      }
     }
   }
   if (result.error().code() != 0) {
@@ -85,7 +90,9 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
     }
     return applied;
   }
-  for (const v1::LaneStep& row : round.plan.rows()) {
+  for (size_t i = 0; i < round.rows.size(); ++i) {
+    if (round.rows[i].voided) continue;  // the workers fed none of it
+    const v1::LaneStep& row = round.plan.rows(round.rows[i].plan_row);
     const int64_t n = RowTokens(row);
     applied.tokens += n;
     applied.attended += AttendedPairs(row.start_position(), n);
@@ -94,7 +101,7 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
   std::vector<int64_t> accepted(round.rows.size(), 0);
   for (size_t i = 0; i < round.rows.size(); ++i) {
     const PlannedRow& row = round.rows[i];
-    if (row.drafts == 0) continue;
+    if (row.drafts == 0 || row.voided) continue;
     for (const v1::LaneOutput& o : result.outputs()) {
       if (o.lane_id() == row.lane)
         accepted[i] = std::min<int64_t>(o.accepted_draft_count(), row.drafts);
@@ -108,15 +115,31 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
   for (size_t i = 0; i < round.rows.size(); ++i) {
     const PlannedRow& row = round.rows[i];
     Lane* lane = state.Find(row.lane);
-    if (lane == nullptr) continue;
+    if (lane == nullptr || row.voided) continue;
     int64_t written = row.fed_after;
     absl::Span<const int32_t> kept;
     if (row.drafts > 0) {
       // Positions past the last accepted draft hold garbage KV: the lane
       // continues right after it, and their blocks go back.
       written = row.start + 1 + accepted[i];
-      lane->fed = written;
-      if (absl::Status st = kv.TrimSlots(lane->id, written); !st.ok()) {
+      if (accepted[i] < row.drafts) {
+        // Every later row of the lane in flight was planned assuming these
+        // drafts accepted: the workers skip them (assume_accepted).
+        lane->fed = written;
+        for (PlannedRound* r : later) {
+          for (PlannedRow& next : r->rows) {
+            if (next.lane != lane->id || next.voided) continue;
+            next.voided = true;
+            ++lane->void_rows;
+            if (next.drafts > 0) --lane->verify_rows_in_flight;
+          }
+        }
+        if (lane->void_rows != lane->rows_in_flight) {
+          RL_LOG(ERROR) << "lane " << lane->id << " has " << lane->rows_in_flight
+                        << " rows in flight but " << lane->void_rows << " voided";
+        }
+      }
+      if (absl::Status st = kv.TrimSlots(lane->id, lane->fed); !st.ok()) {
         RL_LOG(ERROR) << "rollback of lane " << lane->id << ": " << st;
       }
     }
@@ -131,6 +154,12 @@ AppliedRound ApplyRoundResult(const PlannedRound& round, const v1::RoundResult& 
     // what it sampled is past its end.
     Lane* lane = state.Find(o.lane_id());
     if (lane == nullptr) continue;
+    if (std::any_of(round.rows.begin(), round.rows.end(),
+                    [&](const PlannedRow& r) { return r.lane == o.lane_id() && r.voided; })) {
+      RL_LOG(ERROR) << "the workers ran a row of lane " << o.lane_id()
+                    << " that a rejected draft voided; its tokens are dropped";
+      continue;
+    }
     if (o.tokens_size() > 0) sink.OnLaneTokens(*lane, o.tokens_size());
     for (const v1::SampledToken& t : o.tokens()) {
       lane->seq.push_back(t.token_id());

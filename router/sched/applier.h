@@ -5,7 +5,10 @@
 //
 // For each row of the round, in plan order:
 // - a verify row's rejected drafts are rolled back: the lane continues at
-//   start + 1 + accepted, and the ledger gives back the blocks past it;
+//   start + 1 + accepted, and the ledger gives back the blocks past it; the
+//   lane's rows in later rounds still in flight, planned assuming those
+//   drafts accepted, are voided (the workers skip them too);
+// - a voided row changes nothing;
 // - full blocks up to what the round wrote are committed for prefix reuse
 //   (before any token can finish the lane, so a finished request's blocks
 //   stay cached for a resend; never past what this round wrote, as a later
@@ -57,8 +60,11 @@ struct AppliedRound {
 // Applies `result` of `round`. A rejected plan (result.error set) fails the
 // requests of every lane it fed: the lanes were advanced here and cannot
 // continue consistently.
+// `later`: the rounds sent after this one and still in flight, whose rows
+// behind a verify row that rejected a draft are voided here.
 AppliedRound ApplyRoundResult(const PlannedRound& round, const ringlane::v1::RoundResult& result,
-                              SchedState& state, KvBlockManager& kv, ResultSink& sink);
+                              SchedState& state, KvBlockManager& kv, ResultSink& sink,
+                              absl::Span<PlannedRound* const> later);
 
 // Releases a lane whose choice finished: its blocks go back to the ledger
 // (cached ones stay registered) and a release row goes into the next plan.

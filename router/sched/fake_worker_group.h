@@ -207,6 +207,10 @@ class FakeWorkerGroup final : public WorkerGroup {
     absl::MutexLock l(&mu_);
     return drafts_seen_;
   }
+  int64_t rows_voided() const {
+    absl::MutexLock l(&mu_);
+    return voided_;
+  }
   int64_t drafts_accepted() const {
     absl::MutexLock l(&mu_);
     return drafts_accepted_;
@@ -270,7 +274,14 @@ class FakeWorkerGroup final : public WorkerGroup {
         for (int32_t t : row.earlier_output_token_ids()) it->second.output_sum += t;
       }
       LaneState& lane = it->second;
-      if (n > 0) {
+      // Planned behind a verify row that rejected a draft: skipped, as the
+      // workers do (LaneStep.assume_accepted).
+      const bool voided = row.assume_accepted() && row.start_position() != lane.valid;
+      if (voided) ++voided_;
+      if (row.assume_accepted() && !row.use_last_sampled()) {
+        fail(absl::StrCat("lane ", row.lane_id(), ": assume_accepted without use_last_sampled"));
+      }
+      if (n > 0 && !voided) {
         if (row.start_position() != lane.valid) {
           fail(absl::StrCat("lane ", row.lane_id(), " starts at ", row.start_position(),
                             " where its KV ends at ", lane.valid));
@@ -367,6 +378,7 @@ class FakeWorkerGroup final : public WorkerGroup {
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
   int64_t drafts_seen_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t drafts_accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t voided_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::vector<std::optional<uint64_t>>> store_ ABSL_GUARDED_BY(mu_);
   bool store_down_ ABSL_GUARDED_BY(mu_) = false;
   int64_t offloads_seen_ ABSL_GUARDED_BY(mu_) = 0;

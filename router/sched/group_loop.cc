@@ -272,8 +272,12 @@ void GroupLoop::Loop() {
       std::string log_line;
       {
         absl::MutexLock l(&mu_);
-        // With a round in flight there is always its result to wait for.
-        round.pipelined = !in_flight_.empty();
+        // With a round in flight there is always its result to wait for;
+        // the round runs behind it only if it has rows that are not void.
+        round.pipelined = std::any_of(in_flight_.begin(), in_flight_.end(), [](const InFlight& f) {
+          return std::any_of(f.round.rows.begin(), f.round.rows.end(),
+                             [](const PlannedRow& r) { return !r.voided && r.tokens > 0; });
+        });
         round.after_idle = in_flight_.empty() && !HasWork();
         if (in_flight_.empty() &&
             !mu_.AwaitWithTimeout(absl::Condition(this, &GroupLoop::HasWork), absl::Seconds(1))) {
@@ -402,7 +406,9 @@ void GroupLoop::Apply(const InFlight& round, const v1::RoundResult& result, doub
   Sink sink(*tokenizer_, Clock::now(), hooks_.drafter != nullptr, metrics_.sampling_rows,
             [&](absl::Span<const int64_t> accepted)
                 ABSL_NO_THREAD_SAFETY_ANALYSIS { RecordVerifyMetrics(round.round, accepted); });
-  const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink);
+  std::vector<PlannedRound*> later;
+  for (InFlight& f : in_flight_) later.push_back(&f.round);
+  const AppliedRound a = ApplyRoundResult(round.round, result, s_, *kv_, sink, later);
   // A client may read the metrics the moment it has its last token.
   UpdateGauges();
   if (hooks_.drafter != nullptr) {
@@ -447,7 +453,7 @@ void GroupLoop::RecordVerify(const PlannedRound& round, const AppliedRound& appl
   if (hooks_.drafter == nullptr) return;
   for (size_t i = 0; i < round.rows.size(); ++i) {
     const PlannedRow& row = round.rows[i];
-    if (row.drafts == 0) continue;
+    if (row.drafts == 0 || row.voided) continue;
     hooks_.drafter->OnVerified(row.lane, row.draft_source, static_cast<int>(row.drafts),
                                static_cast<int>(applied.accepted_by_row[i]));
   }
@@ -460,6 +466,16 @@ void GroupLoop::RecordVerifyMetrics(const PlannedRound& round,
   for (size_t i = 0; i < round.rows.size() && i < accepted_by_row.size(); ++i) {
     const PlannedRow& row = round.rows[i];
     if (row.drafts == 0) continue;
+    if (row.voided) {
+      // Drafted, never verified: rejected, so drafted == accepted +
+      // rejected still holds; no verify row, no accepted-per-step sample.
+      if (row.draft_source >= 0 && row.draft_source < static_cast<int>(metrics_.spec.size())) {
+        const SpecSeries& s = metrics_.spec[row.draft_source][row.temperature_omitted ? 1 : 0];
+        s.drafted->Increment(static_cast<double>(row.drafts));
+        s.rejected->Increment(static_cast<double>(row.drafts));
+      }
+      continue;
+    }
     ++verify_rows;
     const int64_t accepted = accepted_by_row[i];
     if (row.draft_source < 0 || row.draft_source >= static_cast<int>(metrics_.spec.size())) {

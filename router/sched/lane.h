@@ -48,11 +48,19 @@ struct Lane {
   bool params_sent = false;
   bool in_plan = false;  // has a row in the plan being built
   bool gone = false;     // released; removed from the lane list at the next compaction
-  // Rows of this lane in rounds sent and not yet applied.
+  // Rows of this lane in rounds sent and not yet applied, and how many of
+  // them are void: planned behind a verify row assuming its drafts accepted
+  // (LaneStep.assume_accepted), they were voided when it rejected one.
   int rows_in_flight = 0;
-  // A row with drafts is in flight: where the lane continues is known only
-  // once its result says how many were accepted, so it gets no row until then.
-  bool awaiting_verify = false;
+  int void_rows = 0;
+  // Rows in flight with drafts and not void: a row planned behind one of
+  // them assumes its drafts accepted.
+  int verify_rows_in_flight = 0;
+  // The drafts of the lane's newest row in flight, which a row pipelined
+  // behind it assumes accepted.
+  std::vector<int32_t> flight_drafts;
+
+  int live_rows_in_flight() const { return rows_in_flight - void_rows; }
 
   // Tokens the choice had when this lane started (after a preemption, part
   // of the lane's prompt).

@@ -118,7 +118,12 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
   r.fed_after = lane.fed;
   lane.in_plan = true;
   ++lane.rows_in_flight;
-  if (drafts > 0) lane.awaiting_verify = true;
+  if (drafts > 0) ++lane.verify_rows_in_flight;
+  if (drafts > 0) {
+    lane.flight_drafts.assign(row->token_ids().begin(), row->token_ids().end());
+  } else {
+    lane.flight_drafts.clear();
+  }
   out_->rows.push_back(r);
 }
 
@@ -231,6 +236,9 @@ void Planning::AddStateCheckpoints(const Lane& lane, v1::LaneStep* row) {
   if (const int32_t slot = kv_.TakeResumeCheckpoint(lane.id); slot >= 0) {
     row->set_resume_checkpoint(slot);
   }
+  // A row that may be void saves nothing: the block it names would keep a
+  // checkpoint slot that no row wrote.
+  if (row->assume_accepted()) return;
   const int64_t every = kv_.checkpoint_interval();
   // A verify row's drafts may be rejected (the workers then rewind the
   // state): only the state after its first token is sure.
@@ -249,6 +257,9 @@ void Planning::AddDecode(Lane& lane, absl::Span<const int32_t> drafts,
                          std::vector<std::string> masks) {
   v1::LaneStep* row =
       AddDecodeRow(plan_, lane.id, lane.fed, drafts, *kv_.BlockTable(lane.id), block_size_);
+  // Behind a verify row in flight lane.fed assumes its drafts accepted
+  // whole; the workers skip the row where they were not.
+  if (lane.verify_rows_in_flight > 0) row->set_assume_accepted(true);
   for (std::string& m : masks) row->add_allowed_tokens(std::move(m));
   AddStateCheckpoints(lane, row);
   Account(lane, row, 1 + static_cast<int64_t>(drafts.size()), static_cast<int64_t>(drafts.size()));
@@ -319,8 +330,8 @@ void Planning::PlanDecodeRows() {
   // A constrained lane's mask follows from its last token, so it never
   // pipelines a row behind the one in flight.
   auto wants_row = [&](const Lane& lane) {
-    return !lane.gone && !lane.prefilling() && !lane.awaiting_verify && TokensLeft(lane) > 0 &&
-           !(lane.rows_in_flight > 0 && Constrained(lane));
+    return !lane.gone && !lane.prefilling() && TokensLeft(lane) > 0 &&
+           !(lane.live_rows_in_flight() > 0 && Constrained(lane));
   };
   PrefetchMasks(wants_row);
   const int64_t decoders =
@@ -328,7 +339,7 @@ void Planning::PlanDecodeRows() {
   int64_t decoders_left = decoders;
   if (speculative) {
     // Whether drafting pays depends on how many lanes decode, whether or not
-    // they want a row this round (a lane awaiting its verify result).
+    // they want a row this round (a lane waiting for its result).
     const int64_t decoding = std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) {
       return !l->gone && !l->prefilling() && TokensLeft(*l) > 0;
     });
@@ -349,13 +360,18 @@ void Planning::PlanDecodeRows() {
       ctx.max_drafts = static_cast<int>(
           std::min<int64_t>({opt_.max_drafts, TokensLeft(lane) - 1, std::max<int64_t>(room, 0)}));
       ctx.decoding_lanes = decoders;
-      ctx.row_in_flight = lane.rows_in_flight > 0;
+      const int live = lane.live_rows_in_flight();
+      ctx.row_in_flight = live > 0;
+      // Behind two rows in flight the first one's last sample is unknown
+      // too (pipeline depth above 2): no drafts to guess past it.
+      if (live > 1) ctx.max_drafts = 0;
+      if (live == 1) ctx.assumed = lane.flight_drafts;
       ctx.cost = &cost_;
       d = drafter_->Plan(lane, ctx);
       // A lane that drafts next follows its row in flight only once that
       // row's result is in.
       if (ctx.row_in_flight && d.wait) continue;
-      if (ctx.row_in_flight || ctx.max_drafts <= 0) d.tokens.clear();
+      if (ctx.max_drafts <= 0) d.tokens.clear();
       if (static_cast<int>(d.tokens.size()) > ctx.max_drafts) d.tokens.resize(ctx.max_drafts);
     }
     std::vector<std::string> masks;

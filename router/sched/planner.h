@@ -19,9 +19,13 @@
 //
 // Pipelining: a lane whose row in round k samples gets a decode row
 // (use_last_sampled) in k+1 before k's result arrives, unless the drafter
-// says it waits for k's result to draft after it (a draft must follow a
-// known token); after a row with drafts (awaiting_verify) its next position
-// is known only once the result says how many were accepted.
+// says it waits for k's result (the workers' draft model proposes with
+// it). That row may carry drafts too: the drafter continues the lane's
+// sequence as if k's drafts are all accepted, its first proposed token
+// standing in for k's last sample (which only the workers know). The row
+// is marked assume_accepted: when k rejects a draft, the workers skip it
+// and the applier voids it (PlannedRow::voided), and the lane's next row
+// starts after k's accepted tokens.
 #ifndef RINGLANE_ROUTER_SCHED_PLANNER_H_
 #define RINGLANE_ROUTER_SCHED_PLANNER_H_
 
@@ -44,17 +48,19 @@ struct DraftContext {
   int max_drafts = 0;
   // Lanes that want a decode row this round (they share its cost).
   int64_t decoding_lanes = 1;
-  // The lane's previous row has not returned: its last token is unknown,
-  // so drafting means skipping this round to draft after the result,
-  // instead of a plain decode row pipelined behind the one in flight.
+  // The lane's previous row has not returned: the row's first input is its
+  // last sample, unknown here, and follows `assumed` (the drafts of the row
+  // in flight, as if all are accepted). Drafts then continue the guess of
+  // that sample; a source that can draft only after the result (the
+  // workers' draft model) may ask to wait for it instead.
   bool row_in_flight = false;
+  absl::Span<const int32_t> assumed;
   // The group's measured round cost (may not be ready).
   const RoundCostModel* cost = nullptr;
 };
 
 struct DraftDecision {
-  // Drafts for positions lane.fed + 1 onwards (only without a row in
-  // flight); empty = a plain decode row.
+  // Drafts for positions lane.fed + 1 onwards; empty = a plain decode row.
   std::vector<int32_t> tokens;
   // Which of the drafter's sources proposed them (its own numbering).
   int source = -1;
@@ -91,7 +97,7 @@ class Drafter {
  public:
   virtual ~Drafter() = default;
   // The lane's seq ends with the token at position lane.fed when no row is
-  // in flight (its last sampled token).
+  // in flight (its last sampled token); else see DraftContext::assumed.
   virtual DraftDecision Plan(const Lane& lane, const DraftContext& context) = 0;
   // How many tokens the workers' draft model should propose after the row
   // of `lane` being planned, which samples (LaneStep.propose_drafts); 0 for
@@ -156,6 +162,10 @@ struct PlannedRow {
   bool temperature_omitted = false;
   // Index of the row in the plan.
   int plan_row = 0;
+  // Planned behind a verify row of the lane that then rejected a draft:
+  // the workers skip it, and its result changes nothing (set by the
+  // applier of that earlier round).
+  bool voided = false;
 };
 
 struct PlannedRound {

@@ -38,17 +38,34 @@ using FakeGroup = FakeWorkerGroup;
 
 // Proposes the model's own continuation but gets every `wrong_every`-th
 // draft wrong, so that verify rows accept some drafts and reject the rest.
-// Every decode row drafts: a lane with a row in flight waits for it.
+// Every decode row drafts. With a row in flight it waits for the result,
+// or, `pipelined`, drafts behind it: it continues the row's drafts, its
+// first token a guess of the row's last sample (wrong as often).
 class ScriptedDrafter final : public Drafter {
  public:
-  explicit ScriptedDrafter(int wrong_every) : wrong_every_(wrong_every) {}
+  ScriptedDrafter(int wrong_every, bool pipelined)
+      : wrong_every_(wrong_every), pipelined_(pipelined) {}
   DraftDecision Plan(const Lane& lane, const DraftContext& ctx) override {
     DraftDecision d;
+    if (ctx.max_drafts <= 0) return d;
+    std::vector<int32_t> context;
     if (ctx.row_in_flight) {
-      d.wait = true;
-      return d;
+      if (!pipelined_) {
+        d.wait = true;
+        return d;
+      }
+      context = lane.seq;
+      context.insert(context.end(), ctx.assumed.begin(), ctx.assumed.end());
+      EXPECT_EQ(static_cast<int64_t>(context.size()), lane.fed)
+          << "lane " << lane.id << " seq " << lane.seq.size() << " assumed " << ctx.assumed.size()
+          << " prompt " << lane.prompt_len << " in flight " << lane.rows_in_flight;
+      d.tokens = Continue(lane, context, ctx.max_drafts + 1);
+      d.tokens.erase(d.tokens.begin());
+    } else {
+      context.assign(lane.seq.begin(),
+                     lane.seq.begin() + std::min<int64_t>(lane.fed + 1, lane.seq.size()));
+      d.tokens = Continue(lane, context, ctx.max_drafts);
     }
-    d.tokens = Propose(lane, ctx.max_drafts);
     d.source = 0;
     return d;
   }
@@ -56,16 +73,18 @@ class ScriptedDrafter final : public Drafter {
   bool WantsPrefixTokens(const Lane&) override { return true; }
 
  private:
-  std::vector<int32_t> Propose(const Lane& lane, int max_drafts) {
+  // The fake model's continuation of `context` (the inputs of positions
+  // 0..size-1), with the scripted mistakes.
+  std::vector<int32_t> Continue(const Lane& lane, const std::vector<int32_t>& context, int count) {
     uint64_t h = 0;
     int64_t sum = 0;
     const int64_t prompt = static_cast<int64_t>(lane.req->p.prompt.size());
-    for (int64_t p = 0; p <= lane.fed && p < static_cast<int64_t>(lane.seq.size()); ++p) {
-      h = FakeMix(h, lane.seq[p]);
-      if (p >= prompt) sum += lane.seq[p];
+    for (size_t p = 0; p < context.size(); ++p) {
+      h = FakeMix(h, context[p]);
+      if (static_cast<int64_t>(p) >= prompt) sum += context[p];
     }
     std::vector<int32_t> drafts;
-    for (int i = 0; i < max_drafts; ++i) {
+    for (int i = 0; i < count; ++i) {
       int32_t t = FakeNextToken(h, sum);
       if (++count_ % wrong_every_ == 0) t = t == 3 ? 4 : 3;
       drafts.push_back(t);
@@ -76,6 +95,7 @@ class ScriptedDrafter final : public Drafter {
   }
 
   const int wrong_every_;
+  const bool pipelined_;
   int64_t count_ = 0;
 };
 
@@ -101,6 +121,10 @@ struct Case {
   int depth = 2;
   int max_drafts = 0;
   int wrong_every = 3;
+  // Drafts behind a row in flight (pipelined verify rows); the rows behind
+  // a rejected draft are then voided.
+  bool pipelined_drafts = false;
+  bool expect_voided = false;
   // The simulated round time: fixed + per token (microseconds), for the
   // cost model; itl target in ms (0 = none).
   double itl_target_ms = 0;
@@ -157,6 +181,7 @@ struct Outcome {
   int64_t drafts_accepted = 0;
   int64_t rounds = 0;
   int64_t prefix_rows = 0;
+  int64_t rows_voided = 0;
 };
 
 Outcome RunCase(const Case& c, bool with_drafts) {
@@ -170,7 +195,7 @@ Outcome RunCase(const Case& c, bool with_drafts) {
   EXPECT_TRUE(kv.ok()) << kv.status();
   if (!kv.ok()) return outcome;
   RoundCostModel cost;
-  ScriptedDrafter drafter(c.wrong_every);
+  ScriptedDrafter drafter(c.wrong_every, c.pipelined_drafts);
   PlannerOptions opt{.round_token_budget = c.budget,
                      .itl_target_ms = c.itl_target_ms,
                      .min_prefill_chunk = c.min_chunk,
@@ -232,7 +257,9 @@ Outcome RunCase(const Case& c, bool with_drafts) {
     absl::StatusOr<v1::RoundResult> result = group.Receive();
     EXPECT_TRUE(result.ok());
     if (!result.ok()) break;
-    const AppliedRound a = ApplyRoundResult(in_flight.front(), *result, state, **kv, sink);
+    std::vector<PlannedRound*> later;
+    for (size_t i = 1; i < in_flight.size(); ++i) later.push_back(&in_flight[i]);
+    const AppliedRound a = ApplyRoundResult(in_flight.front(), *result, state, **kv, sink, later);
     in_flight.pop_front();
     // A round costs 2 ms plus 0.5 ms per token.
     cost.Observe(a.tokens, 2000 + 500.0 * static_cast<double>(a.tokens), a.attended);
@@ -256,6 +283,7 @@ Outcome RunCase(const Case& c, bool with_drafts) {
   }
   outcome.drafts_seen = group.drafts_seen();
   outcome.drafts_accepted = group.drafts_accepted();
+  outcome.rows_voided = group.rows_voided();
   outcome.prefix_rows = group.prefix_rows();
   // Every block is back: free or cached.
   const KvBlockStats st = (*kv)->stats();
@@ -333,6 +361,46 @@ std::vector<Case> Cases() {
        .max_drafts = 3,
        .wrong_every = 2,
        .expect_drafts_rejected = true},
+      {.name = "pipelined verify rows, drafts partly rejected",
+       .requests = {{.prompt_len = 6, .max_tokens = 30},
+                    {.prompt_len = 9, .max_tokens = 25, .arrival_round = 2}},
+       .max_drafts = 4,
+       .wrong_every = 4,
+       .pipelined_drafts = true,
+       .expect_voided = true,
+       .expect_drafts_rejected = true,
+       .expect_fewer_rounds = true},
+      {.name = "pipelined verify rows, three rounds in flight",
+       .requests = {{.prompt_len = 6, .max_tokens = 30},
+                    {.prompt_len = 9, .max_tokens = 25, .arrival_round = 2}},
+       .depth = 3,
+       .max_drafts = 4,
+       .wrong_every = 3,
+       .pipelined_drafts = true,
+       .expect_voided = true,
+       .expect_drafts_rejected = true},
+      {.name = "pipelined verify rows, lanes stop mid-pipeline",
+       .requests = {{.prompt_len = 7, .max_tokens = 40, .stop_token = 10},
+                    {.prompt_len = 9, .max_tokens = 40, .stop_token = 20},
+                    {.prompt_len = 5, .max_tokens = 20},
+                    {.prompt_len = 40, .max_tokens = 12, .arrival_round = 4}},
+       .budget = 24,
+       .max_drafts = 3,
+       .wrong_every = 2,
+       .pipelined_drafts = true,
+       .expect_voided = true,
+       .expect_drafts_rejected = true},
+      {.name = "pipelined verify rows under preemption",
+       .requests = {{.prompt_len = 8, .max_tokens = 24},
+                    {.prompt_len = 8, .max_tokens = 24},
+                    {.prompt_len = 8, .max_tokens = 24}},
+       .num_blocks = 16,
+       .max_drafts = 5,
+       .wrong_every = 4,
+       .pipelined_drafts = true,
+       .expect_voided = true,
+       .expect_preemption = true,
+       .expect_drafts_rejected = true},
       {.name = "verify rows under preemption",
        .requests = {{.prompt_len = 8, .max_tokens = 24},
                     {.prompt_len = 8, .max_tokens = 24},
@@ -377,6 +445,9 @@ TEST_P(PlannerTableTest, EveryChoiceEqualsItsSoloRunAndTheLedgerMatchesTheWorker
     if (c.expect_fewer_rounds) {
       EXPECT_LT(spec.rounds, plain.rounds) << c.name;
     }
+    if (c.expect_voided) {
+      EXPECT_GT(spec.rows_voided, 0) << c.name;
+    }
     // A lane that starts on cached blocks tells the draft model their
     // tokens (the fake checks them against the pool's prefix hashes).
     if (c.expect_prefix_hit) {
@@ -418,7 +489,7 @@ TEST(ApplierTest, RejectedRoundFailsItsLanes) {
   result.mutable_error()->set_code(3);
   result.mutable_error()->set_message("bad plan");
   RecordingSink sink({});
-  ApplyRoundResult(planned, result, state, **kv, sink);
+  ApplyRoundResult(planned, result, state, **kv, sink, {});
   EXPECT_TRUE(r->failed);
   std::vector<v1::GenerateResponse> msgs;
   absl::Status st;

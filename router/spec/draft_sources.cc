@@ -38,10 +38,14 @@ class NgramSource final : public DraftSource {
       : min_n_(std::max(1, o.ngram_min)), max_n_(std::max(min_n_, o.ngram_max)) {}
   const char* name() const override { return "ngram"; }
 
-  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+  Proposal ProposeAfter(uint64_t id, absl::Span<const int32_t> seq, absl::Span<const int32_t> tail,
+                        int max_drafts) override {
     Proposal p;
     const int64_t len = static_cast<int64_t>(seq.size());
     if (max_drafts <= 0 || len < min_n_ + 1) return p;
+    // The context is seq then tail; only seq's n-grams are indexed.
+    const int64_t ctx_len = len + static_cast<int64_t>(tail.size());
+    auto at = [&](int64_t i) { return i < len ? seq[i] : tail[i - len]; };
     LaneIndex& lane = lanes_[id];
     if (lane.last_end.empty()) lane.last_end.resize(max_n_ + 1);
     // Earlier occurrences only: n-grams ending before the last token. A long
@@ -53,17 +57,19 @@ class NgramSource final : public DraftSource {
       }
     }
     lane.indexed = until;
+    std::vector<int32_t> last;
     for (int n = std::min<int64_t>(max_n_, len - 1); n >= min_n_; --n) {
-      const absl::Span<const int32_t> tail = seq.subspan(len - n, n);
-      auto it = lane.last_end[n].find(HashOf(tail));
+      last.clear();
+      for (int64_t i = ctx_len - n; i < ctx_len; ++i) last.push_back(at(i));
+      auto it = lane.last_end[n].find(HashOf(last));
       if (it == lane.last_end[n].end()) continue;
       const int64_t e = it->second;
-      if (!std::equal(tail.begin(), tail.end(), seq.begin() + (e - n + 1))) continue;
-      // Copy on from the occurrence; past the sequence's end the copy reads
+      if (!std::equal(last.begin(), last.end(), seq.begin() + (e - n + 1))) continue;
+      // Copy on from the occurrence; past the context's end the copy reads
       // its own drafts, so a repeating period continues.
       for (int64_t j = 0; j < max_drafts; ++j) {
-        const int64_t at = e + 1 + j;
-        p.tokens.push_back(at < len ? seq[at] : p.tokens[at - len]);
+        const int64_t from = e + 1 + j;
+        p.tokens.push_back(from < ctx_len ? at(from) : p.tokens[from - ctx_len]);
       }
       p.match_length = n;
       return p;
@@ -91,7 +97,8 @@ class SuffixSource final : public DraftSource {
       : o_(o), cache_(std::move(cache)) {}
   const char* name() const override { return "suffix"; }
 
-  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+  Proposal ProposeAfter(uint64_t id, absl::Span<const int32_t> seq, absl::Span<const int32_t> tail,
+                        int max_drafts) override {
     Proposal p;
     if (max_drafts <= 0 || seq.empty()) return p;
     auto [it, fresh] = lanes_.try_emplace(id, o_.suffix_depth);
@@ -105,10 +112,20 @@ class SuffixSource final : public DraftSource {
         ++lane.front;
       }
     }
-    const SuffixTrie::Match local = lane.trie.LongestMatch(seq, o_.suffix_max_pattern);
+    // Matching reads at most the last suffix_max_pattern tokens of the
+    // context (seq then tail); the trie holds seq's only.
+    absl::Span<const int32_t> context = seq;
+    std::vector<int32_t> joined;
+    if (!tail.empty()) {
+      const size_t keep = std::min(seq.size(), static_cast<size_t>(o_.suffix_max_pattern));
+      joined.assign(seq.end() - static_cast<std::ptrdiff_t>(keep), seq.end());
+      joined.insert(joined.end(), tail.begin(), tail.end());
+      context = joined;
+    }
+    const SuffixTrie::Match local = lane.trie.LongestMatch(context, o_.suffix_max_pattern);
     Proposal global;
     if (cache_) {
-      global = cache_->Propose(seq, o_.suffix_max_pattern, o_.suffix_depth_factor,
+      global = cache_->Propose(context, o_.suffix_max_pattern, o_.suffix_depth_factor,
                                o_.suffix_min_fraction, max_drafts);
     }
     if (local.length > 0 && local.length >= global.match_length) {
@@ -145,9 +162,10 @@ class RandomSource final : public DraftSource {
   explicit RandomSource(const DraftSourceOptions& o)
       : vocab_(std::max(1, o.vocab_size)), seed_(o.random_seed) {}
   const char* name() const override { return "random"; }
-  Proposal Propose(uint64_t id, absl::Span<const int32_t> seq, int max_drafts) override {
+  Proposal ProposeAfter(uint64_t id, absl::Span<const int32_t> seq, absl::Span<const int32_t> tail,
+                        int max_drafts) override {
     Proposal p;
-    const uint64_t base = Mix(Mix(seed_, id), seq.size());
+    const uint64_t base = Mix(Mix(seed_, id), seq.size() + tail.size());
     for (int j = 0; j < max_drafts; ++j) {
       p.tokens.push_back(static_cast<int32_t>(Mix(base, j) % static_cast<uint64_t>(vocab_)));
     }
@@ -164,11 +182,13 @@ class ModelSource final : public DraftSource {
   const char* name() const override { return "model"; }
   bool worker_proposed() const override { return true; }
 
-  Proposal Propose(uint64_t lane, absl::Span<const int32_t> seq, int max_drafts) override {
+  Proposal ProposeAfter(uint64_t lane, absl::Span<const int32_t> seq,
+                        absl::Span<const int32_t> tail, int max_drafts) override {
     Proposal p;
     auto it = lanes_.find(lane);
-    if (it != lanes_.end() && it->second.seq_len == static_cast<int64_t>(seq.size()) &&
-        !it->second.tokens.empty()) {
+    // Proposals follow a known sequence only (they come with a result).
+    if (tail.empty() && it != lanes_.end() &&
+        it->second.seq_len == static_cast<int64_t>(seq.size()) && !it->second.tokens.empty()) {
       const auto& t = it->second.tokens;
       p.tokens.assign(t.begin(), t.begin() + std::min<ptrdiff_t>(max_drafts, t.size()));
       return p;

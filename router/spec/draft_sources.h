@@ -68,8 +68,14 @@ class DraftSource {
   virtual ~DraftSource() = default;
   virtual const char* name() const = 0;
   // Up to `max_drafts` tokens to follow `seq` (the lane's prompt and output
-  // so far). `lane` keys the source's per-lane state.
-  virtual Proposal Propose(uint64_t lane, absl::Span<const int32_t> seq, int max_drafts) = 0;
+  // so far) and then `tail`: tokens assumed to follow seq (the drafts of a
+  // row in flight), matched against but never kept in the source's
+  // per-lane state, since they may be rejected. `lane` keys that state.
+  virtual Proposal ProposeAfter(uint64_t lane, absl::Span<const int32_t> seq,
+                                absl::Span<const int32_t> tail, int max_drafts) = 0;
+  Proposal Propose(uint64_t lane, absl::Span<const int32_t> seq, int max_drafts) {
+    return ProposeAfter(lane, seq, {}, max_drafts);
+  }
   virtual void Forget(uint64_t lane) {}
   // Sources the workers draft for: how many tokens to ask the workers to
   // propose after a row of `lane` (0: this source asks for none).

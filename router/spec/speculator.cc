@@ -158,7 +158,20 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   const int64_t lanes = std::max<int64_t>(1, ctx.decoding_lanes);
   const double n = static_cast<double>(lanes);
 
+  // A drafting lane's row may be rejected, and then its next row, already
+  // planned behind it assuming every draft accepted, is void: the lane
+  // loses a round (sharing rounds with other lanes), or alone the trip its
+  // next row then waits for, the measured unpipelined over pipelined
+  // period less one.
+  const double void_cost = lanes > 1 ? 1.0 : std::max(0.0, LatencyRatio() - 1.0);
+  // A source that can draft only after the row in flight returns (the
+  // workers' draft model) makes the lane wait: a row per unpipelined
+  // period, or every other round while other lanes keep the pipeline.
+  double rho = LatencyRatio();
+  if (ctx.row_in_flight && ctx.decoding_lanes > 1) rho = std::max(rho, 2.0);
+
   int best = -1, best_k = 0, best_class = 0;
+  bool best_waits = false;
   double best_value = -1, best_per_draft = 0;
   // What the best source's acceptance would give at full depth: the same
   // yardstick whether or not the gate lets the lane draft (a closed gate's
@@ -166,54 +179,83 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   double potential = 0;
   std::vector<int32_t> best_tokens;
   for (size_t s = 0; s < sources_.size(); ++s) {
-    Proposal prop = sources_[s]->Propose(lane.id, lane.seq, cap);
+    const bool model = static_cast<int>(s) == model_source_;
+    // Behind a row in flight, a source that drafts here continues the
+    // assumed drafts, its first token standing for the row's last sample.
+    const bool guess = ctx.row_in_flight && !model;
+    Proposal prop = guess ? sources_[s]->ProposeAfter(lane.id, lane.seq, ctx.assumed, cap + 1)
+                          : sources_[s]->Propose(lane.id, lane.seq, cap);
+    if (model && ctx.row_in_flight && !prop.pending) {
+      // What it proposed follows the known sequence, which the row in
+      // flight continues: the next proposal comes with its result.
+      std::fill(prop.tokens.begin(), prop.tokens.end(), -1);
+      prop.pending = true;
+    }
     // While the gate is closed the draft model proposes nothing: what it
     // would be worth is judged from its acceptance at full depth.
-    if (!round_open_ && static_cast<int>(s) == model_source_) {
+    if (!round_open_ && model) {
       prop.tokens.assign(static_cast<size_t>(cap), 0);
-      prop.pending = false;
+      prop.pending = ctx.row_in_flight;
+    }
+    if (guess) {
+      if (prop.tokens.size() < 2) continue;
+      prop.tokens.erase(prop.tokens.begin());
     }
     if (prop.tokens.empty()) continue;
     // Placeholders count only for deciding whether to wait for them.
     if (prop.pending && !ctx.row_in_flight) continue;
     const int cls = MatchClass(prop.match_length);
     const double a = Acceptance(ls, static_cast<int>(s) * kMatchClasses + cls);
+    // The guessed sample is right about as often as a draft.
+    const double g = guess ? a : 1.0;
     double full = 0;
     for (int j = 0; j < cap; ++j) full = a * (1 + full);
     potential = std::max(potential, full);
+    const double per_draft = model ? draft_cost : 0.0;
     // The depth that gives the round the most expected tokens per unit of
-    // time: its N lanes' plain tokens plus this lane's expected accepted
-    // drafts, over the round's cost with the drafts' positions (and
+    // time: its N lanes' plain tokens plus what this lane gains over a
+    // plain row, over the round's cost with the drafts' positions (and
     // proposals) added. Without adaptive depth, all the source proposes.
-    const double per_draft = static_cast<int>(s) == model_source_ ? draft_cost : 0.0;
     // The lanes planned before this one in the round drafted too: their
     // positions are already in the round's size, their expected tokens in
     // its yield, so five lanes that each could draft 4 do not all draft 4
     // into a round that costs 4x at 25 positions.
-    int k = 0;
-    double value = 0, term = 1, sum = 0;
+    //
+    // Two ways to draft behind a row in flight: now, continuing its drafts
+    // (1 + g sum p^i tokens per row, and a void row whenever a draft is
+    // rejected, all being accepted with chance g p^j), or after its result
+    // (1 + sum p^i per rho), the only way for the workers' draft model.
     const double yield = n + round_expected_;
     const int64_t size = lanes + round_drafts_;
-    double best_rate = yield / std::max(1e-9, round_cost(size) + round_draft_cost_);
+    const double base_rate = yield / std::max(1e-9, round_cost(size) + round_draft_cost_);
     const int len = static_cast<int>(prop.tokens.size());
-    for (int j = 1; j <= len; ++j) {
-      term *= a;
-      sum += term;
-      const double rate = (yield + sum) / std::max(1e-9, round_cost(size + j) + round_draft_cost_ +
-                                                             per_draft * static_cast<double>(j));
-      if (!o_.adaptive || rate > best_rate) {
-        best_rate = rate;
-        k = j;
-        value = sum;
+    for (const bool waits : {false, true}) {
+      if (waits != prop.pending && (!waits || !ctx.row_in_flight || !o_.adaptive)) continue;
+      int k = 0;
+      double value = 0, term = 1, sum = 0, best_rate = base_rate;
+      for (int j = 1; j <= len; ++j) {
+        term *= a;
+        sum += term;
+        const double gain =
+            waits ? (1 + sum) / rho - 1 : (1 + g * sum) / (1 + (1 - g * term) * void_cost) - 1;
+        const double rate =
+            (yield + gain) / std::max(1e-9, round_cost(size + j) + round_draft_cost_ +
+                                                per_draft * static_cast<double>(j));
+        if (!o_.adaptive || rate > best_rate) {
+          best_rate = rate;
+          k = j;
+          value = gain;
+        }
       }
-    }
-    if (value > best_value) {
-      best = static_cast<int>(s);
-      best_k = k;
-      best_class = cls;
-      best_value = value;
-      best_per_draft = per_draft;
-      best_tokens = std::move(prop.tokens);
+      if (value > best_value) {
+        best = static_cast<int>(s);
+        best_k = k;
+        best_class = cls;
+        best_waits = waits;
+        best_value = value;
+        best_per_draft = per_draft;
+        best_tokens = prop.tokens;
+      }
     }
   }
   ls.model_chosen = false;
@@ -222,11 +264,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     ++ls.rows_since_draft;
     return d;
   }
-  // Waiting for the row in flight while other lanes keep the pipeline
-  // going gives this lane a row every other round.
-  double rho = LatencyRatio();
-  if (ctx.row_in_flight && ctx.decoding_lanes > 1) rho = std::max(rho, 2.0);
-  const bool pays = !o_.adaptive || (best_k > 0 && 1 + best_value > rho);
+  const bool pays = !o_.adaptive || (best_k > 0 && best_value > 0);
   if (pays && o_.adaptive) {
     round_wanted_ = true;
     gate_.NoteWanted(round_lanes_, 1 + potential);
@@ -248,7 +286,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   ls.model_chosen = best == model_source_;
   ls.model_depth = best_k;
   ls.in_draft = !probe;
-  if (ctx.row_in_flight) {
+  if (best_waits) {
     d.wait = true;
     return d;
   }
@@ -256,7 +294,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   ls.probing = probe;
   ls.drafted_class = best_class;
   round_drafts_ += best_k;
-  round_expected_ += probe ? 0.0 : best_value;
+  round_expected_ += probe ? 0.0 : std::max(0.0, best_value);
   round_draft_cost_ += best_per_draft * static_cast<double>(best_k);
   best_tokens.resize(best_k);
   d.tokens = std::move(best_tokens);

@@ -289,6 +289,55 @@ TEST(SpeculatorTest, WaitsForTheRowInFlightOnlyWhenDraftingPays) {
   EXPECT_TRUE(d.tokens.empty());
 }
 
+// Once its drafts are known to be right, a lane drafts behind its row in
+// flight instead of waiting: the drafts continue the row's own (assumed
+// accepted), past a guess of the row's last sample.
+TEST(SpeculatorTest, ARightSourceDraftsBehindTheRowInFlight) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  auto spec = Make({"ngram"});
+  ScriptedLane l(1, {5, 6, 7, 8, 9});
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  RunRows(*spec, l, ctx, 30);  // always right
+  // The row in flight follows seq with drafts d1 d2 (the period); its last
+  // sample is the period's next token, then the drafts go on from there.
+  std::vector<int32_t> assumed;
+  for (size_t pos = l.lane.seq.size(); assumed.size() < 2; ++pos) {
+    assumed.push_back(l.period[pos % l.period.size()]);
+  }
+  const size_t after = l.lane.seq.size() + assumed.size() + 1;
+  ctx.row_in_flight = true;
+  ctx.assumed = assumed;
+  spec->BeginRound(1);
+  DraftDecision d = spec->Plan(l.lane, ctx);
+  spec->EndRound();
+  EXPECT_FALSE(d.wait);
+  ASSERT_GE(d.tokens.size(), 4u);
+  for (size_t j = 0; j < d.tokens.size(); ++j) {
+    EXPECT_EQ(d.tokens[j], l.period[(after + j) % l.period.size()]) << "draft " << j;
+  }
+  // The workers' draft model cannot draft before the row's result.
+  auto model = Make({"model"});
+  ScriptedLane m(2, {5, 6, 7});
+  model->BeginRound(1);
+  d = model->Plan(m.lane, ctx);
+  EXPECT_TRUE(d.tokens.empty());
+}
+
+TEST(DraftSourcesTest, AnAssumedTailIsMatchedButNeverIndexed) {
+  for (const char* name : {"ngram", "suffix"}) {
+    auto src = MakeDraftSource(name, SourceOptions(), nullptr);
+    const std::vector<int32_t> seq = {1, 2, 3, 4, 9, 9, 1, 2};
+    // Context 1 2 | 3 4: continues as the first occurrence did.
+    EXPECT_THAT(src->ProposeAfter(1, seq, std::vector<int32_t>{3, 4}, 2).tokens, ElementsAre(9, 9))
+        << name;
+    // The tail 7 7 was never kept: after the known seq alone, 1 2 -> 3 4.
+    EXPECT_THAT(src->ProposeAfter(1, seq, std::vector<int32_t>{7, 7}, 2).tokens,
+                ::testing::IsEmpty())
+        << name;
+    EXPECT_THAT(src->Propose(1, seq, 2).tokens, ElementsAre(3, 4)) << name;
+  }
+}
+
 TEST(SpeculatorTest, PerRequestOptOutAndLimit) {
   const RoundCostModel cost = CostOf(10000, 100);
   DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};

@@ -165,7 +165,8 @@ absl::StatusOr<std::vector<PlannedLaneOutput>> RunPlannedRounds(
           absl::StrCat("round ", result->round_id(), " rejected: ", result->error().message()));
     }
     sink.set_round_id(result->round_id());
-    router::ApplyRoundResult(in_flight.front(), *result, state, **kv, sink);
+    // No drafter here, so no row is ever voided: nothing later to mark.
+    router::ApplyRoundResult(in_flight.front(), *result, state, **kv, sink, {});
     in_flight.pop_front();
   }
   for (const auto& r : reqs) {

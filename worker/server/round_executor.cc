@@ -71,6 +71,12 @@ absl::Status RoundExecutor::InVocabulary(
   return absl::OkStatus();
 }
 
+bool RoundExecutor::Voided(const v1::LaneStep& row) const {
+  if (!row.assume_accepted()) return false;
+  auto it = lanes_.find(row.lane_id());
+  return it != lanes_.end() && it->second->next_position != row.start_position();
+}
+
 absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
   std::set<uint64_t> seen;
   for (int i = 0; i < plan.rows_size(); ++i) {
@@ -115,6 +121,9 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
     if (row.use_last_sampled() && !(known && it->second->has_last)) {
       return bad("use_last_sampled before the lane sampled a token");
     }
+    if (row.assume_accepted() && !row.use_last_sampled()) {
+      return bad("assume_accepted without use_last_sampled");
+    }
     if (row.start_position() < 0) return bad("negative start_position");
     // Every position sums from here on (start + tokens, + a checkpoint's
     // offset): one past the pool would overflow them (round_plan_fuzz). A
@@ -137,29 +146,37 @@ absl::Status RoundExecutor::Validate(const v1::RoundPlan& plan) const {
     }
     if (row.linear_chunked_until() < 0) return bad("negative linear_chunked_until");
     if (backend_->kv_pool().state_slots > 0 && n > 0) {
-      // A recurrent state only moves forward: a row must continue exactly
-      // where the lane's state stands, a new lane from position 0 or from
-      // the checkpoint it resumes (the backend checks the checkpoint holds
-      // that position). Rejected drafts would need per-draft states.
-      if (row.has_resume_checkpoint() && known) {
-        return bad("resume_checkpoint on a lane that already has a state");
+      // A row that may turn out void cannot promise a state at any position.
+      if (row.assume_accepted() && row.state_checkpoints_size() > 0) {
+        return bad("state checkpoints on an assume_accepted row (it may be void)");
       }
-      const int64_t at = known                         ? it->second->state_position
-                         : row.has_resume_checkpoint() ? row.start_position()
-                                                       : 0;
-      if (row.start_position() != at) {
-        return bad(absl::StrCat("start_position ", row.start_position(),
-                                " but this model's recurrent state stands at position ", at,
-                                " (resuming elsewhere needs a state checkpoint)"));
-      }
-      // A verify row's drafts may be rejected: only its first token's state
-      // is sure to stand.
-      const int64_t sure = row.verify_offsets_size() > 1 ? 1 : n;
-      for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
-        if (c.position() <= row.start_position() || c.position() > row.start_position() + sure) {
-          return bad(absl::StrCat("state checkpoint at position ", c.position(),
-                                  " outside the row's ",
-                                  sure == 1 ? "first position" : "positions"));
+      // A void row runs nothing: where it says the state stands does not
+      // matter.
+      if (!Voided(row)) {
+        // A recurrent state only moves forward: a row must continue exactly
+        // where the lane's state stands, a new lane from position 0 or from
+        // the checkpoint it resumes (the backend checks the checkpoint holds
+        // that position). Rejected drafts would need per-draft states.
+        if (row.has_resume_checkpoint() && known) {
+          return bad("resume_checkpoint on a lane that already has a state");
+        }
+        const int64_t at = known                         ? it->second->state_position
+                           : row.has_resume_checkpoint() ? row.start_position()
+                                                         : 0;
+        if (row.start_position() != at) {
+          return bad(absl::StrCat("start_position ", row.start_position(),
+                                  " but this model's recurrent state stands at position ", at,
+                                  " (resuming elsewhere needs a state checkpoint)"));
+        }
+        // A verify row's drafts may be rejected: only its first token's state
+        // is sure to stand.
+        const int64_t sure = row.verify_offsets_size() > 1 ? 1 : n;
+        for (const v1::StateCheckpoint& c : row.state_checkpoints()) {
+          if (c.position() <= row.start_position() || c.position() > row.start_position() + sure) {
+            return bad(absl::StrCat("state checkpoint at position ", c.position(),
+                                    " outside the row's ",
+                                    sure == 1 ? "first position" : "positions"));
+          }
         }
       }
     } else if (row.has_resume_checkpoint() || row.state_checkpoints_size() > 0) {
@@ -219,6 +236,8 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   };
   last_sampled_ = 0;
   last_accepted_ = 0;
+  last_fed_ = 0;
+  last_voided_ = 0;
   last_replayed_ = 0;
   last_proposed_ = 0;
   last_draft_prefix_fed_ = 0;
@@ -270,6 +289,12 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
   for (int i = 0; i < plan.rows_size(); ++i) {
     const v1::LaneStep& row = plan.rows(i);
     if (!row.use_last_sampled() && row.token_ids_size() == 0) continue;
+    // Decided before any row runs: a lane has one row per round, so its
+    // state here is what the rounds before left.
+    if (Voided(row)) {
+      ++last_voided_;
+      continue;
+    }
     SeqStep s;
     s.start_position = row.start_position();
     if (row.use_last_sampled()) s.tokens.push_back(lanes_.at(row.lane_id())->last_sampled);
@@ -292,6 +317,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       s.logit_offsets.assign(row.verify_offsets().begin(), row.verify_offsets().end());
     }
     seq_of_row[i] = static_cast<int>(in.seqs.size());
+    last_fed_ += static_cast<int64_t>(s.tokens.size());
     in.seqs.push_back(std::move(s));
   }
   in.block_copies.reserve(static_cast<size_t>(plan.block_copies_size()));
@@ -406,6 +432,7 @@ absl::StatusOr<v1::RoundResult> RoundExecutor::Run(const v1::RoundPlan& plan) {
       last_accepted_ += accepted;
       if (lo) lo->set_accepted_draft_count(accepted);
       const int kept = s.logit_offsets[0] + accepted + 1;
+      lane.next_position = s.start_position + kept;
       if (rewindable[seq] && kept < static_cast<int>(s.tokens.size())) {
         // Rewind: the state as before the row, then its kept tokens again.
         if (absl::Status st = backend_->RestoreStateSlot(s.state_slot, rewind_[seq]); !st.ok()) {

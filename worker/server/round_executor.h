@@ -61,6 +61,10 @@ class RoundExecutor {
   // only where they are reported).
   int64_t last_sampled() const { return last_sampled_; }
   int64_t last_accepted() const { return last_accepted_; }
+  // Positions the last Run fed, and its rows that were void
+  // (LaneStep.assume_accepted behind a rejected draft).
+  int64_t last_fed() const { return last_fed_; }
+  int64_t last_voided() const { return last_voided_; }
   // Recurrent models: tokens fed again by the last Run to rewind lanes'
   // states past rejected drafts.
   int64_t last_replayed() const { return last_replayed_; }
@@ -77,6 +81,9 @@ class RoundExecutor {
     Sampler sampler;
     bool has_last = false;
     int32_t last_sampled = 0;
+    // Where last_sampled is fed: the position after the lane's last
+    // accepted token (-1 before it sampled).
+    int64_t next_position = -1;
     // Models with recurrent layers: the lane's state slot and the positions
     // [0, state_position) the state has consumed.
     int32_t state_slot = -1;
@@ -85,6 +92,8 @@ class RoundExecutor {
 
   // OK, or the reason the plan is rejected. Touches nothing.
   absl::Status Validate(const ringlane::v1::RoundPlan& plan) const;
+  // An assume_accepted row behind a rejected draft (see worker.proto).
+  bool Voided(const ringlane::v1::LaneStep& row) const;
   // The row's earlier_output_token_ids against the model's vocabulary and
   // context.
   absl::Status ValidateEarlierOutput(const ringlane::v1::LaneStep& row) const;
@@ -108,6 +117,8 @@ class RoundExecutor {
   int64_t last_replayed_ = 0;
   int64_t last_sampled_ = 0;
   int64_t last_accepted_ = 0;
+  int64_t last_fed_ = 0;
+  int64_t last_voided_ = 0;
   int64_t last_proposed_ = 0;
   int64_t last_draft_us_ = 0;
   int64_t last_draft_prefix_fed_ = 0;

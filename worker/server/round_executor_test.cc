@@ -172,6 +172,84 @@ TEST_F(RoundExecutorTest, ReadmittedLaneContinuesThePenalties) {
   EXPECT_NE(reset.logprobs, tail(solo.logprobs, 6)) << "the penalties never mattered";
 }
 
+// Pipelined verify rows: a row planned behind a verify row, assuming its
+// drafts accepted, is void where one was rejected (nothing fed, sampled or
+// observed for penalties) and runs where all were; the lane's tokens and
+// logprobs stay those of plain decode.
+TEST_F(RoundExecutorTest, AnAssumeAcceptedRowIsVoidBehindARejectedDraft) {
+  const std::vector<int32_t> prompt = {1, 17, 33, 90, 4, 250};
+  const Sampled solo = RunLane(1, prompt, /*decodes=*/7, /*first_block=*/0, {});
+  ASSERT_EQ(solo.ids.size(), 8u);
+  const std::vector<int32_t>& g = solo.ids;
+  const int64_t p = static_cast<int64_t>(prompt.size());
+  Sampled got;
+  auto run = [&](std::vector<v1::LaneStep> rows, bool ok = true) {
+    v1::RoundPlan plan;
+    plan.set_round_id(++round_id_);
+    for (v1::LaneStep& r : rows) *plan.add_rows() = std::move(r);
+    absl::StatusOr<v1::RoundResult> res = exec_->Run(plan);
+    EXPECT_TRUE(res.ok()) << res.status();
+    if (!res.ok()) return v1::RoundResult();
+    EXPECT_EQ(res->error().code() == 0, ok) << res->error().message();
+    for (const v1::LaneOutput& o : res->outputs()) {
+      for (const v1::SampledToken& t : o.tokens()) {
+        got.ids.push_back(t.token_id());
+        got.logprobs.push_back(t.logprob());
+      }
+    }
+    return *res;
+  };
+  // start, drafts, whether it assumes the rows before accepted whole.
+  auto decode = [&](int64_t start, std::vector<int32_t> drafts, bool assume) {
+    v1::LaneStep r;
+    r.set_lane_id(2);
+    r.set_start_position(start);
+    r.set_use_last_sampled(true);
+    r.mutable_token_ids()->Add(drafts.begin(), drafts.end());
+    if (drafts.empty()) {
+      r.set_sample_last(true);
+    } else {
+      for (int k = 0; k <= static_cast<int>(drafts.size()); ++k) r.add_verify_offsets(k);
+    }
+    r.set_assume_accepted(assume);
+    AddBlocks(&r, 8, start + 1 + static_cast<int64_t>(drafts.size()));
+    return r;
+  };
+  v1::LaneStep first;
+  first.set_lane_id(2);
+  first.mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  first.set_sample_last(true);
+  *first.mutable_sampling() = Params();
+  first.set_choice_index(1);
+  AddBlocks(&first, 8, p);
+  run({first});  // g0, fed at p
+  // g1 accepted, a wrong second draft: g1 and g2, next position p + 2.
+  const int32_t wrong = g[2] == 7 ? 8 : 7;
+  v1::RoundResult r = run({decode(p, {g[1], wrong}, false)});
+  ASSERT_EQ(r.outputs_size(), 1);
+  EXPECT_EQ(r.outputs(0).accepted_draft_count(), 1);
+  // Planned as if both were accepted: void.
+  r = run({decode(p + 3, {}, true)});
+  EXPECT_EQ(r.outputs_size(), 0);
+  EXPECT_EQ(exec_->last_voided(), 1);
+  EXPECT_EQ(exec_->last_fed(), 0);
+  run({decode(p + 2, {}, false)});            // g3
+  run({decode(p + 3, {g[4], g[5]}, false)});  // g4, g5 accepted, bonus g6
+  // Behind a row whose drafts were all accepted: it runs (g7).
+  r = run({decode(p + 6, {}, true)});
+  EXPECT_EQ(r.outputs_size(), 1);
+  EXPECT_EQ(exec_->last_voided(), 0);
+  EXPECT_EQ(got.ids, solo.ids);
+  EXPECT_EQ(got.logprobs, solo.logprobs);
+  // Only behind use_last_sampled.
+  v1::LaneStep bad = decode(p + 7, {}, true);
+  bad.set_use_last_sampled(false);
+  bad.add_token_ids(3);
+  r = run({bad}, /*ok=*/false);
+  EXPECT_EQ(r.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.error().message(), HasSubstr("assume_accepted"));
+}
+
 TEST_F(RoundExecutorTest, BadEarlierOutputIsInvalidArgumentAndChangesNothing) {
   const int kInvalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
   const int vocab = backend_->config().vocab;

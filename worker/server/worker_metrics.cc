@@ -47,6 +47,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r, const std::string& model,
                          .Help("Speculative draft tokens accepted by verification")
                          .Register(r)
                          .Add(l);
+  rows_voided = &prometheus::BuildCounter()
+                     .Name("ringlane_worker_rows_voided_total")
+                     .Help("Rows planned behind a verify row that rejected a draft, so never run")
+                     .Register(r)
+                     .Add(l);
   drafts_proposed =
       &prometheus::BuildCounter()
            .Name("ringlane_worker_drafts_proposed_total")

@@ -24,6 +24,8 @@ struct WorkerMetrics {
   prometheus::Counter* tokens_fed;
   prometheus::Counter* tokens_sampled;
   prometheus::Counter* drafts_accepted;
+  // Pipelined rows (LaneStep.assume_accepted) that turned out void.
+  prometheus::Counter* rows_voided;
   // The draft model on rank 0 (DraftRunner): tokens it proposed, and time in
   // it (also inside compute_seconds).
   prometheus::Counter* drafts_proposed;

@@ -175,11 +175,8 @@ grpc::Status WorkerService::Rounds(
         metrics_->rounds_rejected->Increment();
       } else {
         metrics_->rounds_ok->Increment();
-        int64_t fed = 0;
-        for (const v1::LaneStep& row : plan.rows()) {
-          fed += row.token_ids_size() + (row.use_last_sampled() ? 1 : 0);
-        }
-        metrics_->tokens_fed->Increment(static_cast<double>(fed));
+        metrics_->tokens_fed->Increment(static_cast<double>(exec->last_fed()));
+        metrics_->rows_voided->Increment(static_cast<double>(exec->last_voided()));
         metrics_->tokens_sampled->Increment(static_cast<double>(exec->last_sampled()));
         metrics_->drafts_accepted->Increment(static_cast<double>(exec->last_accepted()));
         metrics_->state_replayed_tokens->Increment(static_cast<double>(exec->last_replayed()));
