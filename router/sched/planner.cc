@@ -327,24 +327,26 @@ bool Planning::Grow(Lane& lane, size_t index, int64_t positions) {
 
 void Planning::PlanDecodeRows() {
   const bool speculative = drafter_ != nullptr && opt_.max_drafts > 0;
+  // Whether drafting pays depends on how many lanes decode, whether or not
+  // they want a row this round (a lane waiting for its result).
+  const int64_t decoding = std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) {
+    return !l->gone && !l->prefilling() && TokensLeft(*l) > 0;
+  });
   // A constrained lane's mask follows from its last token, so it never
-  // pipelines a row behind the one in flight.
+  // pipelines a row behind the one in flight. Behind a verify row in
+  // flight only a lone decoding lane gets a row (pipelined verify rows):
+  // with other lanes their rows keep the workers busy, and rounds without
+  // its row are cheaper for them (pipelining there measured slower).
   auto wants_row = [&](const Lane& lane) {
     return !lane.gone && !lane.prefilling() && TokensLeft(lane) > 0 &&
-           !(lane.live_rows_in_flight() > 0 && Constrained(lane));
+           !(lane.live_rows_in_flight() > 0 && Constrained(lane)) &&
+           !(lane.verify_rows_in_flight > 0 && decoding > 1);
   };
   PrefetchMasks(wants_row);
   const int64_t decoders =
       std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) { return wants_row(*l); });
   int64_t decoders_left = decoders;
-  if (speculative) {
-    // Whether drafting pays depends on how many lanes decode, whether or not
-    // they want a row this round (a lane waiting for its result).
-    const int64_t decoding = std::count_if(s_.lanes.begin(), s_.lanes.end(), [&](const auto& l) {
-      return !l->gone && !l->prefilling() && TokensLeft(*l) > 0;
-    });
-    drafter_->BeginRound(decoding);
-  }
+  if (speculative) drafter_->BeginRound(decoding);
   // Oldest lane first; a lane that cannot grow takes blocks from the
   // youngest lane not yet in the round.
   for (size_t i = 0; i < s_.lanes.size(); ++i) {

@@ -158,12 +158,14 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   const int64_t lanes = std::max<int64_t>(1, ctx.decoding_lanes);
   const double n = static_cast<double>(lanes);
 
-  // A drafting lane's row may be rejected, and then its next row, already
-  // planned behind it assuming every draft accepted, is void: the lane
-  // loses a round (sharing rounds with other lanes), or alone the trip its
-  // next row then waits for, the measured unpipelined over pipelined
-  // period less one.
-  const double void_cost = lanes > 1 ? 1.0 : std::max(0.0, LatencyRatio() - 1.0);
+  // A lone lane drafts pipelined: its row may be rejected, and then its
+  // next row, already planned behind it assuming every draft accepted, is
+  // void, and the lane loses the trip its row after that waits for (the
+  // measured unpipelined over pipelined period, less one).
+  // Alone in the group, not only in the round (another lane may be waiting
+  // for its verify result).
+  const bool alone = round_lanes_ <= 1;
+  const double void_cost = std::max(0.0, LatencyRatio() - 1.0);
   // A source that can draft only after the row in flight returns (the
   // workers' draft model) makes the lane wait: a row per unpipelined
   // period, or every other round while other lanes keep the pipeline.
@@ -172,7 +174,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
 
   int best = -1, best_k = 0, best_class = 0;
   bool best_waits = false;
-  double best_value = -1, best_per_draft = 0;
+  double best_value = -1e9, best_expect = 0, best_per_draft = 0;
   // What the best source's acceptance would give at full depth: the same
   // yardstick whether or not the gate lets the lane draft (a closed gate's
   // draft model proposes nothing to measure depth by).
@@ -182,7 +184,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     const bool model = static_cast<int>(s) == model_source_;
     // Behind a row in flight, a source that drafts here continues the
     // assumed drafts, its first token standing for the row's last sample.
-    const bool guess = ctx.row_in_flight && !model;
+    const bool guess = ctx.row_in_flight && !model && alone;
     Proposal prop = guess ? sources_[s]->ProposeAfter(lane.id, lane.seq, ctx.assumed, cap + 1)
                           : sources_[s]->Propose(lane.id, lane.seq, cap);
     if (model && ctx.row_in_flight && !prop.pending) {
@@ -229,30 +231,42 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     const int64_t size = lanes + round_drafts_;
     const double base_rate = yield / std::max(1e-9, round_cost(size) + round_draft_cost_);
     const int len = static_cast<int>(prop.tokens.size());
-    for (const bool waits : {false, true}) {
-      if (waits != prop.pending && (!waits || !ctx.row_in_flight || !o_.adaptive)) continue;
+    // Valued pipelined (a lone lane: drafts now, behind the row in flight
+    // if any) or the way drafting was valued before rows were planned
+    // behind verify rows: 1 + sum p^i per rho, waiting for the row in
+    // flight, and always with other lanes decoding (their rows keep the
+    // workers busy while this lane waits, and a round without its drafts
+    // is cheaper for them: the gain of pipelining there was measured
+    // negative, see README).
+    for (const bool pipelined : {true, false}) {
+      if (pipelined ? !alone || prop.pending
+                    : alone && !prop.pending && !(ctx.row_in_flight && o_.adaptive)) {
+        continue;
+      }
       int k = 0;
-      double value = 0, term = 1, sum = 0, best_rate = base_rate;
+      double expect = 0, term = 1, sum = 0, best_rate = base_rate;
       for (int j = 1; j <= len; ++j) {
         term *= a;
         sum += term;
-        const double gain =
-            waits ? (1 + sum) / rho - 1 : (1 + g * sum) / (1 + (1 - g * term) * void_cost) - 1;
+        const double gain = pipelined ? (1 + g * sum) / (1 + (1 - g * term) * void_cost) - 1 : sum;
         const double rate =
             (yield + gain) / std::max(1e-9, round_cost(size + j) + round_draft_cost_ +
                                                 per_draft * static_cast<double>(j));
         if (!o_.adaptive || rate > best_rate) {
           best_rate = rate;
           k = j;
-          value = gain;
+          expect = gain;
         }
       }
-      if (value > best_value) {
+      // In units of a plain row's tokens, above it when drafting pays.
+      const double score = pipelined ? expect : (1 + expect) / rho - 1;
+      if (score > best_value) {
         best = static_cast<int>(s);
         best_k = k;
         best_class = cls;
-        best_waits = waits;
-        best_value = value;
+        best_waits = !pipelined && ctx.row_in_flight;
+        best_value = score;
+        best_expect = expect;
         best_per_draft = per_draft;
         best_tokens = prop.tokens;
       }
@@ -294,7 +308,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   ls.probing = probe;
   ls.drafted_class = best_class;
   round_drafts_ += best_k;
-  round_expected_ += probe ? 0.0 : std::max(0.0, best_value);
+  round_expected_ += probe ? 0.0 : std::max(0.0, best_expect);
   round_draft_cost_ += best_per_draft * static_cast<double>(best_k);
   best_tokens.resize(best_k);
   d.tokens = std::move(best_tokens);

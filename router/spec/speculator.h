@@ -31,19 +31,23 @@
 // and where they do not, no lane drafts or asks the draft model for
 // proposals (see draft_gate.h).
 //
-// Whether to draft. A drafting lane keeps its pipeline: its next row is
-// planned behind the verify row in flight, assuming every draft accepted,
-// with drafts that continue the assumed ones (the first proposed token
-// stands for the row's last sample, and is right with chance g = p). When
-// a draft is rejected that next row is void, and the lane loses a round
-// (alone: the trip its row then waits for, the measured ratio of
-// unpipelined to pipelined round periods less one; result-to-result time
-// over the workers' own time, rounds that fed nothing left out). A row of
-// j drafts then gives (1 + g sum p^i) / (1 + (1 - g p^j) * loss) tokens per
-// round against plain decode's one, and the depth is chosen on that. A
-// source that can only draft after the row in flight returns (the workers'
-// draft model) makes the lane wait instead: 1 + sum p^j per unpipelined
-// period, at least 2 rounds where other lanes keep the pipeline. A
+// Whether to draft. A lone decoding lane keeps its pipeline while it
+// drafts: its next row is planned behind the verify row in flight,
+// assuming every draft accepted, with drafts that continue the assumed
+// ones (the first proposed token stands for the row's last sample, and is
+// right with chance g = p). When a draft is rejected that next row is
+// void, and the lane loses the trip the row after it waits for: the
+// measured ratio of unpipelined to pipelined round periods, less one
+// (result-to-result time over the workers' own time, rounds that fed
+// nothing left out). A row of j drafts gives (1 + g sum p^i) /
+// (1 + (1 - g p^j) * loss) tokens per round against plain decode's one,
+// and the depth is chosen on that. It may also wait for the row in flight
+// and draft after it, 1 + sum p^i per unpipelined period, the only way for
+// the workers' draft model. With other lanes decoding, a drafting lane
+// waits for its verify result (it gets a row every other round: 1 + sum
+// p^i against 2 rounds) and drafts only where that beats it: their rows
+// keep the workers busy meanwhile, and rounds without its drafts are
+// cheaper for them (drafting pipelined there ran slower, see README). A
 // lane that stopped drafting probes with two drafts after probe_interval
 // decode rows, the interval doubling (to 1024) while probes fail, and a new
 // lane starting from where the group's probes left it, so a source that
