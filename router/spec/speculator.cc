@@ -394,6 +394,11 @@ void Speculator::ObserveRound(const RoundObservation& round) {
   if (round.draft_tag >= 0 && round.prefilled_tokens == 0) {
     gate_.Observe(round.draft_tag, round.tokens, round.period_us);
   }
+  // A round of void rows only (behind a rejected draft) enters with almost
+  // no worker time and pulls the ratio toward 1; leaving it out measured
+  // slower on copying, since the valuation is then too pessimistic (README,
+  // "Pipelined verify rows"). Kept until the valuation follows runs of
+  // acceptance.
   if (round.worker_us <= 0 || round.period_us <= 0) return;
   const double r = round.period_us / round.worker_us;
   double& mean = round.pipelined ? pipelined_ratio_ : unpipelined_ratio_;
