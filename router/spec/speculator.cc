@@ -94,6 +94,12 @@ double Speculator::Acceptance(const LaneSpec& lane, int rate) const {
          (r.accepted + r.rejections + kPriorRows);
 }
 
+double Speculator::AcceptanceAfterFull(const LaneSpec& lane, int rate) const {
+  const Rate& r = lane.rates_after_full[rate];
+  return (r.accepted + kPriorRows * Acceptance(lane, rate)) /
+         (r.accepted + r.rejections + kPriorRows);
+}
+
 double Speculator::DraftUsPerToken() const {
   return draft_tokens_ > 0 ? draft_us_ / draft_tokens_ : 0;
 }
@@ -141,7 +147,10 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
   if (p.max_drafts >= 0) cap = std::min(cap, p.max_drafts);
   if (cap <= 0) return d;
   LaneSpec& ls = lanes_[lane.id];
-  if (ls.rates.empty()) ls.rates.resize(sources_.size() * kMatchClasses);
+  if (ls.rates.empty()) {
+    ls.rates.resize(sources_.size() * kMatchClasses);
+    ls.rates_after_full.resize(sources_.size() * kMatchClasses);
+  }
   if (ls.probe_interval == 0) ls.probe_interval = probe_start_;
 
   // The round's time with `tokens` tokens: measured per size where the
@@ -207,11 +216,15 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     // Placeholders count only for deciding whether to wait for them.
     if (prop.pending && !ctx.row_in_flight) continue;
     const int cls = MatchClass(prop.match_length);
-    const double a = Acceptance(ls, static_cast<int>(s) * kMatchClasses + cls);
+    // Behind a row in flight drafts count only when that row is accepted
+    // whole: their acceptance (and the guess's) is the one after such rows.
+    const int rate_index = static_cast<int>(s) * kMatchClasses + cls;
+    const double a_all = Acceptance(ls, rate_index);
+    const double a_behind = guess ? AcceptanceAfterFull(ls, rate_index) : a_all;
     // The guessed sample is right about as often as a draft.
-    const double g = guess ? a : 1.0;
+    const double g = guess ? a_behind : 1.0;
     double full = 0;
-    for (int j = 0; j < cap; ++j) full = a * (1 + full);
+    for (int j = 0; j < cap; ++j) full = a_all * (1 + full);
     potential = std::max(potential, full);
     const double per_draft = model ? draft_cost : 0.0;
     // The depth that gives the round the most expected tokens per unit of
@@ -243,6 +256,7 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
                     : alone && !prop.pending && !(ctx.row_in_flight && o_.adaptive)) {
         continue;
       }
+      const double a = pipelined ? a_behind : a_all;
       int k = 0;
       double expect = 0, term = 1, sum = 0, best_rate = base_rate;
       for (int j = 1; j <= len; ++j) {
@@ -362,6 +376,12 @@ void Speculator::OnVerified(LaneId lane, int source, int drafted, int accepted) 
   Rate& r = ls.rates[source * kMatchClasses + cls];
   r.accepted = r.accepted * kLaneDecay + accepted;
   r.rejections = r.rejections * kLaneDecay + rejected;
+  if (ls.last_full) {
+    Rate& f = ls.rates_after_full[source * kMatchClasses + cls];
+    f.accepted = f.accepted * kLaneDecay + accepted;
+    f.rejections = f.rejections * kLaneDecay + rejected;
+  }
+  ls.last_full = accepted == drafted;
   ls.in_draft = false;
   if (ls.probing) {
     ls.probe_interval = accepted > 0 ? kProbeMin : std::min(2 * ls.probe_interval, kProbeMax);

@@ -32,26 +32,28 @@
 // proposals (see draft_gate.h).
 //
 // Whether to draft. A lone decoding lane keeps its pipeline while it
-// drafts: its next row is planned behind the verify row in flight,
-// assuming every draft accepted, with drafts that continue the assumed
-// ones (the first proposed token stands for the row's last sample, and is
-// right with chance g = p). When a draft is rejected that next row is
-// void, and the lane loses the trip the row after it waits for: the
-// measured ratio of unpipelined to pipelined round periods, less one
-// (result-to-result time over the workers' own time, rounds that fed
-// nothing left out). A row of j drafts gives (1 + g sum p^i) /
-// (1 + (1 - g p^j) * loss) tokens per round against plain decode's one,
-// and the depth is chosen on that. It may also wait for the row in flight
-// and draft after it, 1 + sum p^i per unpipelined period, the only way for
-// the workers' draft model. With other lanes decoding, a drafting lane
-// waits for its verify result (it gets a row every other round: 1 + sum
-// p^i against 2 rounds) and drafts only where that beats it: their rows
-// keep the workers busy meanwhile, and rounds without its drafts are
-// cheaper for them (drafting pipelined there ran slower, see README). A
-// lane that stopped drafting probes with two drafts after probe_interval
-// decode rows, the interval doubling (to 1024) while probes fail, and a new
-// lane starting from where the group's probes left it, so a source that
-// becomes right again is noticed and one that never is costs almost nothing.
+// drafts: its next row is planned behind the verify row in flight, assuming
+// every draft accepted, with drafts that continue the assumed ones (the
+// first proposed token stands for the row's last sample, and is right with
+// chance g = p; p here is the lane's acceptance over rows right after a row
+// accepted whole, since these count only then, and acceptance comes in
+// runs: a copied stretch, then the model wanders). When a draft is rejected
+// that next row is void, and the lane loses the trip the row after it waits
+// for: the measured ratio of unpipelined to pipelined round periods, less
+// one (result-to-result time over the workers' own time, rounds that fed
+// nothing left out). A row of j drafts gives (1 + g sum p^i) / (1 + (1 - g
+// p^j) * loss) tokens per round against plain decode's one, and the depth
+// is chosen on that. It may also wait for the row in flight and draft after
+// it, 1 + sum p^i per unpipelined period, the only way for the workers'
+// draft model. With other lanes decoding, a drafting lane waits for its
+// verify result (it gets a row every other round: 1 + sum p^i against 2
+// rounds) and drafts only where that beats it: their rows keep the workers
+// busy meanwhile, and rounds without its drafts are cheaper for them
+// (drafting pipelined there ran slower, see README). A lane that stopped
+// drafting probes with two drafts after probe_interval decode rows, the
+// interval doubling (to 1024) while probes fail, and a new lane starting
+// from where the group's probes left it, so a source that becomes right
+// again is noticed and one that never is costs almost nothing.
 //
 // Not thread-safe: the group's thread only.
 #ifndef RINGLANE_ROUTER_SPEC_SPECULATOR_H_
@@ -127,6 +129,12 @@ class Speculator final : public Drafter {
   }
   struct LaneSpec {
     std::vector<Rate> rates;  // per source and match class
+    // The same, of verify rows right after one whose drafts were all
+    // accepted: acceptance comes in runs (a copied stretch, then the model
+    // wanders), and a row planned behind a verify row in flight counts only
+    // when that row was accepted whole.
+    std::vector<Rate> rates_after_full;
+    bool last_full = false;  // the last verified row accepted every draft
     int rows_since_draft = 0;
     int drafted_class = 0;   // of the row in flight
     int probe_interval = 0;  // 0 until the lane's first decision
@@ -141,6 +149,8 @@ class Speculator final : public Drafter {
   };
   Speculator(SpeculatorOptions options, std::vector<std::unique_ptr<DraftSource>> sources);
   double Acceptance(const LaneSpec& lane, int rate) const;
+  // Acceptance after a row accepted whole, with Acceptance as its prior.
+  double AcceptanceAfterFull(const LaneSpec& lane, int rate) const;
   // The most drafts the workers' draft model may propose for `lane` under
   // `max_drafts`: the flag's and the request's limits; 0 without a model
   // source or where the request does not speculate.

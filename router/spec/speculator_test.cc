@@ -323,6 +323,36 @@ TEST(SpeculatorTest, ARightSourceDraftsBehindTheRowInFlight) {
   EXPECT_TRUE(d.tokens.empty());
 }
 
+// Acceptance that comes in runs: a lane whose rows after a fully accepted
+// one are nearly always right drafts behind its row in flight, though its
+// drafts overall fail often (a guessed sample and a void row per rejection
+// would not pay at the overall rate).
+TEST(SpeculatorTest, RunsOfAcceptanceLetALoneLaneDraftBehindItsRow) {
+  const RoundCostModel cost = CostOf(10000, 100);
+  auto spec = Make({"ngram"});
+  ScriptedLane l(1, {5, 6, 7, 8, 9, 10, 11});
+  DraftContext ctx{.max_drafts = 8, .decoding_lanes = 1, .row_in_flight = false, .cost = &cost};
+  // Runs of six rows whose drafts are all right, then four whose drafts
+  // all fail, booked by hand (OnVerified); the lane has just come back to
+  // a right one.
+  spec->BeginRound(1);
+  ASSERT_FALSE(spec->Plan(l.lane, ctx).tokens.empty());
+  spec->EndRound();
+  for (int run = 0; run < 8; ++run) {
+    for (int i = 0; i < 6; ++i) spec->OnVerified(l.lane.id, 0, 2, 2);
+    for (int i = 0; i < 4; ++i) spec->OnVerified(l.lane.id, 0, 2, 0);
+  }
+  spec->OnVerified(l.lane.id, 0, 2, 2);
+  std::vector<int32_t> assumed = {l.period[l.lane.seq.size() % l.period.size()]};
+  ctx.row_in_flight = true;
+  ctx.assumed = assumed;
+  spec->BeginRound(1);
+  const DraftDecision d = spec->Plan(l.lane, ctx);
+  spec->EndRound();
+  EXPECT_FALSE(d.wait);
+  EXPECT_GE(d.tokens.size(), 2u);
+}
+
 TEST(DraftSourcesTest, AnAssumedTailIsMatchedButNeverIndexed) {
   for (const char* name : {"ngram", "suffix"}) {
     auto src = MakeDraftSource(name, SourceOptions(), nullptr);
