@@ -118,8 +118,8 @@ void Planning::Account(Lane& lane, v1::LaneStep* row, int64_t tokens, int64_t dr
   r.fed_after = lane.fed;
   lane.in_plan = true;
   ++lane.rows_in_flight;
-  if (drafts > 0) ++lane.verify_rows_in_flight;
   if (drafts > 0) {
+    ++lane.verify_rows_in_flight;
     lane.flight_drafts.assign(row->token_ids().begin(), row->token_ids().end());
   } else {
     lane.flight_drafts.clear();

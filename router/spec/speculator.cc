@@ -251,11 +251,10 @@ DraftDecision Speculator::Plan(const Lane& lane, const DraftContext& ctx) {
     // workers busy while this lane waits, and a round without its drafts
     // is cheaper for them: the gain of pipelining there was measured
     // negative, see README).
+    const bool can_pipeline = alone && !prop.pending;
+    const bool can_wait = !can_pipeline || (ctx.row_in_flight && o_.adaptive);
     for (const bool pipelined : {true, false}) {
-      if (pipelined ? !alone || prop.pending
-                    : alone && !prop.pending && !(ctx.row_in_flight && o_.adaptive)) {
-        continue;
-      }
+      if (pipelined ? !can_pipeline : !can_wait) continue;
       const double a = pipelined ? a_behind : a_all;
       int k = 0;
       double expect = 0, term = 1, sum = 0, best_rate = base_rate;
